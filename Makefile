@@ -1,0 +1,46 @@
+# streamrank: `make demo` runs the pipeline on the embedded stack, `make test` runs the tests.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+STAMP   = $(VENV)/.installed
+TORCH_VERSION = 2.13.0
+
+.PHONY: setup demo test lint typecheck unit stack-up stack-down clean bench
+
+setup: $(STAMP)
+
+# Idempotent: re-runs only when pyproject.toml changes. torch is pinned first (a CPU build);
+# an unpinned torch would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "streamrank needs Python >= 3.11 (set PYTHON=python3.11)")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(BIN)/python -m pip install --quiet -e ".[test]" "torch==$(TORCH_VERSION)"
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/streamrank demo
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: setup
+	$(BIN)/mypy
+
+unit: setup
+	$(BIN)/pytest -q tests/unit
+
+test: setup lint typecheck
+	$(BIN)/pytest -q
+
+stack-up: setup
+	$(BIN)/streamrank stack up
+
+stack-down: setup
+	$(BIN)/streamrank stack down
+
+clean:
+	-$(BIN)/streamrank stack down
+	rm -rf .run .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,50 @@
+"""Message contracts: Python types (``schemas.messages``) and JSON Schema files (``*.schema.json``)."""
+
+from importlib.resources import files
+from typing import Any
+
+import orjson
+
+from schemas.messages import (
+    DEFAULT_LIMITS,
+    ClickEvent,
+    DeadLetter,
+    Limits,
+    RankRequest,
+    RankResult,
+    decode_click,
+    decode_dead_letter,
+    decode_request,
+    decode_result,
+    peek_request_id,
+)
+
+SCHEMA_FILES = {
+    "ClickEvent": "click_event.schema.json",
+    "RankRequest": "rank_request.schema.json",
+    "RankResult": "rank_result.schema.json",
+    "DeadLetter": "dead_letter.schema.json",
+}
+
+
+def json_schema(name: str) -> dict[str, Any]:
+    """The JSON Schema of one message type, by type name (e.g. ``"ClickEvent"``)."""
+    schema: dict[str, Any] = orjson.loads(files(__name__).joinpath(SCHEMA_FILES[name]).read_bytes())
+    return schema
+
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "SCHEMA_FILES",
+    "ClickEvent",
+    "DeadLetter",
+    "Limits",
+    "RankRequest",
+    "RankResult",
+    "decode_click",
+    "decode_dead_letter",
+    "decode_request",
+    "decode_result",
+    "json_schema",
+    "peek_request_id",
+]

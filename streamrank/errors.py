@@ -1,0 +1,61 @@
+"""One error tree for the whole engine.
+
+Every error says what went wrong and what to do about it. ``retriable`` tells a caller whether
+the same call may succeed later (a dependency was down) or never will (bad input, bad config).
+"""
+
+from __future__ import annotations
+
+
+class StreamrankError(Exception):
+    """Base of every error streamrank raises on purpose."""
+
+    retriable: bool = False
+
+
+class ConfigError(StreamrankError):
+    """A setting or argument is wrong; fix it and run again."""
+
+
+class StackError(StreamrankError):
+    """The embedded Kafka/Redis stack could not be started, stopped or reached."""
+
+
+class ContractError(StreamrankError):
+    """A message does not follow its contract.
+
+    ``field`` names the offending field (None for whole-message faults); ``reason`` is a short
+    machine-readable code (``not_json``, ``missing_field``, ``bad_type``, ``too_large`` ...)
+    used as a metric label and in dead letters.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None, reason: str = "invalid") -> None:
+        super().__init__(message)
+        self.field = field
+        self.reason = reason
+
+
+class DependencyUnavailable(StreamrankError):
+    """Kafka or Redis did not answer in time; the same call may succeed later."""
+
+    retriable = True
+
+
+class RedisUnavailable(DependencyUnavailable):
+    """Redis did not answer (connection refused, timeout, breaker open)."""
+
+
+class KafkaUnavailable(DependencyUnavailable):
+    """The Kafka cluster did not answer."""
+
+
+class EmbeddingError(StreamrankError):
+    """Bad embedding input (shape, dtype, NaN/Inf, duplicate ids) or an unknown table/version."""
+
+
+class UnknownVersion(EmbeddingError):
+    """The model version is not published in the embedding store."""
+
+
+class ArtifactError(StreamrankError):
+    """A model artifact is missing, corrupt or does not match its config."""

@@ -1,0 +1,176 @@
+"""One frozen settings object, read from ``STREAMRANK_*`` environment variables.
+
+Every field below is documented in README.md ("Settings"); the defaults are the ones a
+single-host demo on the embedded stack wants. An optional dotenv-style file can be named by
+``STREAMRANK_SETTINGS_FILE`` (default ``streamrank.env`` in the working directory, if present).
+Environment variables win over the file.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+
+def _default_data_dir() -> Path:
+    return Path(__file__).resolve().parent.parent.parent / "shared" / "datasets"
+
+
+class Settings(BaseSettings):
+    """All runtime configuration. Construct with :func:`get_settings` or ``Settings(**overrides)``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="STREAMRANK_",
+        frozen=True,
+        extra="ignore",
+        env_file=os.environ.get("STREAMRANK_SETTINGS_FILE", "streamrank.env"),
+        env_file_encoding="utf-8",
+    )
+
+    # --- connections -------------------------------------------------------------------------
+    kafka_bootstrap: str = Field(
+        "", description="Kafka bootstrap servers, comma-separated; default: the embedded broker."
+    )
+    kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
+    kafka_sasl_mechanism: SaslMechanism | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    kafka_ssl_cafile: Path | None = None
+    kafka_ssl_certfile: Path | None = None
+    kafka_ssl_keyfile: Path | None = None
+    redis_url: SecretStr = Field(
+        SecretStr(""),
+        description="Redis URL (rediss:// for TLS; may carry a password, so kept secret); "
+        "default: the embedded Redis.",
+    )
+    redis_ssl_ca_certs: Path | None = None
+    redis_timeout_s: float = Field(0.25, gt=0, description="Socket timeout of every Redis call.")
+
+    # --- embedded stack (demo and tests) -----------------------------------------------------
+    run_dir: Path = Field(Path(".run"), description="Pid, log and data files of the embedded stack.")
+    stack_kafka_port: int = Field(9092, ge=0, le=65535)
+    stack_redis_port: int = Field(6379, ge=0, le=65535)
+
+    # --- topics ------------------------------------------------------------------------------
+    topic_clicks: str = "clicks"
+    topic_requests: str = "rank-requests"
+    topic_results: str = "rank-results"
+    topic_dead_letters: str = "dead-letters"
+    topic_partitions: int = Field(4, ge=1, description="Partitions per topic: bounds group scale-out.")
+    topic_replication: int = Field(1, ge=1)
+    reply_topics_allowed: tuple[str, ...] = Field(
+        (), description="Extra topics a RankRequest may name in reply_to (comma-separated)."
+    )
+
+    # --- message limits ----------------------------------------------------------------------
+    max_message_bytes: int = Field(64 * 1024, ge=256)
+    max_items_per_request: int = Field(500, ge=1)
+    max_id_length: int = Field(128, ge=1)
+    max_event_skew_s: int = Field(
+        7 * 24 * 3600, ge=1, description="Clicks whose ts is further than this from now are dead-lettered."
+    )
+
+    # --- features (streams) ------------------------------------------------------------------
+    sequence_length: int = Field(50, ge=1, description="Events kept per user sequence.")
+    sequence_ttl_s: int = Field(30 * 24 * 3600, ge=1)
+    counter_bucket_s: int = Field(300, ge=1, description="Fine bucket size for the 1 h windows.")
+    counter_lateness_s: int = Field(600, ge=0, description="Allowed lateness of event time.")
+    dedupe_ttl_s: int = Field(48 * 3600, ge=1, description="How long an event_id is remembered.")
+    features_batch_size: int = Field(2000, ge=1)
+    features_batch_within_s: float = Field(0.05, gt=0)
+
+    # --- embedding store and cache -----------------------------------------------------------
+    embedding_encoding: Literal["fp32", "fp16", "int8"] = "int8"
+    cache_bytes: int = Field(64 * 1024 * 1024, ge=0, description="Local hot-row cache budget.")
+    cache_policy: Literal["tinylfu", "lru"] = "tinylfu"
+    cache_warm_top_k: int = Field(10_000, ge=0)
+
+    # --- model and scoring -------------------------------------------------------------------
+    data_dir: Path = Field(default_factory=_default_data_dir)
+    artifacts_dir: Path = Path("artifacts")
+    scoring_batch_max: int = Field(32, ge=1, description="Max requests per micro-batch.")
+    scoring_batch_wait_ms: float = Field(2.0, ge=0, description="Max wait to fill a micro-batch.")
+    scoring_budget_ms: int = Field(50, ge=1, description="Default deadline when a request has none.")
+    torch_threads: int = Field(1, ge=1, description="torch intra-op threads.")
+    torch_interop_threads: int = Field(1, ge=1)
+    breaker_failures: int = Field(3, ge=1, description="Redis failures in a row that open the breaker.")
+    breaker_cooldown_s: float = Field(2.0, gt=0)
+    canary_split: str | None = Field(None, description="e.g. 'din-a:0.9,din-b:0.1'; None = pointer.")
+    served_log_topic: str | None = Field(None, description="Topic for what-the-model-saw records.")
+
+    # --- observability -----------------------------------------------------------------------
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="/metrics port; 0 disables; unset = per-worker default."
+    )
+    log_level: str = "INFO"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _embedded_defaults(cls, data: Any) -> Any:
+        """Unset endpoints point at the embedded stack's ports."""
+        if isinstance(data, dict):
+            if not data.get("kafka_bootstrap"):
+                data["kafka_bootstrap"] = f"127.0.0.1:{data.get('stack_kafka_port', 9092)}"
+            if not data.get("redis_url"):
+                data["redis_url"] = f"redis://127.0.0.1:{data.get('stack_redis_port', 6379)}/0"
+        return data
+
+    @field_validator("reply_topics_allowed", mode="before")
+    @classmethod
+    def _split_csv(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @property
+    def redis_dsn(self) -> str:
+        return self.redis_url.get_secret_value()
+
+    def all_topics(self) -> tuple[str, ...]:
+        return (self.topic_clicks, self.topic_requests, self.topic_results, self.topic_dead_letters)
+
+    def kafka_client_kwargs(self) -> dict[str, Any]:
+        """Connection keyword arguments shared by every aiokafka client (TLS/SASL passed through)."""
+        kwargs: dict[str, Any] = {
+            "bootstrap_servers": self.kafka_bootstrap,
+            "security_protocol": self.kafka_security_protocol,
+        }
+        if self.kafka_security_protocol in ("SSL", "SASL_SSL"):
+            from aiokafka.helpers import create_ssl_context
+
+            kwargs["ssl_context"] = create_ssl_context(
+                cafile=str(self.kafka_ssl_cafile) if self.kafka_ssl_cafile else None,
+                certfile=str(self.kafka_ssl_certfile) if self.kafka_ssl_certfile else None,
+                keyfile=str(self.kafka_ssl_keyfile) if self.kafka_ssl_keyfile else None,
+            )
+        if self.kafka_sasl_mechanism:
+            kwargs["sasl_mechanism"] = self.kafka_sasl_mechanism
+            kwargs["sasl_plain_username"] = self.kafka_sasl_username
+            kwargs["sasl_plain_password"] = (
+                self.kafka_sasl_password.get_secret_value() if self.kafka_sasl_password else None
+            )
+        return kwargs
+
+    def redis_client_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``redis.asyncio.from_url`` (timeouts, TLS CA)."""
+        kwargs: dict[str, Any] = {
+            "socket_timeout": self.redis_timeout_s,
+            "socket_connect_timeout": self.redis_timeout_s,
+        }
+        if self.redis_ssl_ca_certs:
+            kwargs["ssl_ca_certs"] = str(self.redis_ssl_ca_certs)
+        return kwargs
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()

@@ -1,0 +1,86 @@
+"""Shared fixtures: the embedded stack (session-wide) and per-test settings on it.
+
+Unit tests (tests/unit) need none of this. Integration tests (tests/integration) get a real
+Tansu broker and a real Redis, started once per session on free ports, or the ones named by
+``STREAMRANK_TEST_KAFKA_BOOTSTRAP`` and ``STREAMRANK_TEST_REDIS_URL`` when both are set.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from streamrank.settings import Settings
+
+
+@dataclass(frozen=True)
+class StackInfo:
+    bootstrap: str
+    redis_url: str
+    run_dir: Path
+
+    def settings(self, **overrides: object) -> Settings:
+        base: dict[str, object] = {
+            "kafka_bootstrap": self.bootstrap,
+            "redis_url": self.redis_url,
+            "run_dir": self.run_dir,
+            "metrics_port": 0,
+        }
+        base.update(overrides)
+        return Settings(**base)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
+    """A running broker and Redis for the whole session."""
+    bootstrap = os.environ.get("STREAMRANK_TEST_KAFKA_BOOTSTRAP")
+    redis_url = os.environ.get("STREAMRANK_TEST_REDIS_URL")
+    run_dir = tmp_path_factory.mktemp("stack")
+    if bootstrap and redis_url:
+        yield StackInfo(bootstrap, redis_url, run_dir)
+        return
+    from streamrank.stack import EmbeddedStack, free_port
+
+    embedded = EmbeddedStack(run_dir=run_dir, kafka_port=free_port(), redis_port=free_port())
+    embedded.up(timeout_s=60)
+    saved = {k: os.environ.get(k) for k in ("STREAMRANK_KAFKA_BOOTSTRAP", "STREAMRANK_REDIS_URL")}
+    # Subprocesses started by tests (workers, CLI) find the stack through the environment.
+    os.environ["STREAMRANK_KAFKA_BOOTSTRAP"] = embedded.bootstrap
+    os.environ["STREAMRANK_REDIS_URL"] = embedded.redis_url
+    try:
+        yield StackInfo(embedded.bootstrap, embedded.redis_url, run_dir)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        embedded.down()
+
+
+@pytest.fixture
+def unique() -> str:
+    """A short unique suffix for topic names and ids, so tests never see each other's data."""
+    return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def make_settings(stack: StackInfo, unique: str) -> Callable[..., Settings]:
+    """Settings on the test stack with topic names private to this test."""
+
+    def factory(**overrides: object) -> Settings:
+        topics: dict[str, object] = {
+            "topic_clicks": f"clicks-{unique}",
+            "topic_requests": f"rank-requests-{unique}",
+            "topic_results": f"rank-results-{unique}",
+            "topic_dead_letters": f"dead-letters-{unique}",
+        }
+        topics.update(overrides)
+        return stack.settings(**topics)
+
+    return factory
