@@ -28,6 +28,7 @@ Handler = Callable[[argparse.Namespace, Settings], int]
 COMMAND_MODULES: tuple[str, ...] = (
     "streamrank.cli_stack",
     "streamrank.demo",
+    "streamrank.bench",
 )
 
 

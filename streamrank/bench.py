@@ -1,0 +1,46 @@
+"""``streamrank bench NAME``: benchmarks that print JSON and measure their baseline in the same run.
+
+Each benchmark lives beside the code it measures and exposes ``add_arguments(parser)`` and
+``run(args, settings) -> dict``; this module only dispatches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+from typing import Any
+
+from streamrank.settings import Settings
+
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "streams": ("streams.bench", "feature worker throughput and click-to-visible latency"),
+    "embeddings": ("scoring.bench_embeddings", "embedding store memory, cache hit rates, lookup latency"),
+    "scoring": ("scoring.bench_scoring", "end-to-end ranking throughput and latency"),
+}
+
+
+def _run(args: argparse.Namespace, settings: Settings) -> int:
+    from streamrank.cli import print_json
+
+    module = importlib.import_module(BENCHMARKS[args.bench][0])
+    result = module.run(args, settings)
+    if args.json:
+        print_json(result)
+    else:
+        for key, value in result.items():
+            print(f"{key}: {value}")
+    return 0
+
+
+def register(sub: Any) -> None:
+    bench = sub.add_parser("bench", help="run a benchmark and print its figures")
+    names = bench.add_subparsers(dest="bench", metavar="NAME")
+    names.required = True
+    for name, (module_name, help_text) in BENCHMARKS.items():
+        if importlib.util.find_spec(module_name) is None:
+            continue
+        parser = names.add_parser(name, help=help_text)
+        parser.add_argument("--json", action="store_true", help="print one JSON object")
+        importlib.import_module(module_name).add_arguments(parser)
+        parser.set_defaults(func=_run)
