@@ -105,6 +105,14 @@ class Settings(BaseSettings):
     breaker_cooldown_s: float = Field(2.0, gt=0)
     canary_split: str | None = Field(None, description="e.g. 'din-a:0.9,din-b:0.1'; None = pointer.")
     served_log_topic: str | None = Field(None, description="Topic for what-the-model-saw records.")
+    scoring_group_id: str = Field("streamrank-scoring", description="Consumer group of scoring workers.")
+    scoring_forward: Literal["batched", "per_request"] = Field(
+        "batched",
+        description="One DIN forward per micro-batch (padded across requests) or one per request.",
+    )
+    scoring_poll_s: float = Field(
+        1.0, gt=0, description="How often the scoring worker polls the model version pointers."
+    )
 
     # --- observability -----------------------------------------------------------------------
     metrics_port: int | None = Field(

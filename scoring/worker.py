@@ -1,0 +1,344 @@
+"""``streamrank worker scoring``: the Kafka shell around :class:`scoring.service.RankService`.
+
+A consumer group on ``rank-requests`` (aiokafka: it gives direct control of micro-batching
+and of when offsets are committed). Per micro-batch: decode (bad input -> dead letters plus an
+error reply when the request_id can be read), rank, produce every reply, await the broker's
+acknowledgements, then commit. If producing fails, the consumer seeks back to the batch start,
+so a request is answered at least once (clients drop duplicate replies).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.errors import CommitFailedError, KafkaError
+from prometheus_client import CollectorRegistry
+
+from schemas import DeadLetter, Limits, RankResult, decode_request, peek_request_id
+from scoring import replies
+from scoring.breaker import CircuitBreaker
+from scoring.metrics import ScoringMetrics
+from scoring.protocols import EmbeddingSource, FeatureSource
+from scoring.service import Incoming, Ranked, RankService, now_ms
+from scoring.versions import Loader, RecentIds, VersionWatcher
+from streamrank.errors import ContractError, KafkaUnavailable
+from streamrank.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Outgoing:
+    topic: str
+    key: bytes
+    value: bytes
+
+
+def configure_torch(settings: Settings) -> None:
+    """Torch thread pools from the settings (inter-op can only be set once per process)."""
+    import torch
+
+    torch.set_num_threads(settings.torch_threads)
+    with contextlib.suppress(RuntimeError):
+        torch.set_num_interop_threads(settings.torch_interop_threads)
+
+
+def real_dependencies(
+    settings: Settings, redis: aioredis.Redis, registry: CollectorRegistry
+) -> tuple[FeatureSource, EmbeddingSource, Loader]:
+    """The production feature reader, cached embedding store and DIN scorer loader."""
+    from streams.reader import FeatureReader
+
+    from scoring.cache import CachedEmbeddings
+    from scoring.embedding_store import EmbeddingStore
+    from scoring.model import load_scorer_from_redis
+
+    features = FeatureReader(redis=redis, settings=settings)
+    store = EmbeddingStore(redis=redis)
+    embeddings = CachedEmbeddings(
+        store=store,
+        cache_bytes=settings.cache_bytes,
+        policy=settings.cache_policy,
+        registry=registry,
+    )
+
+    async def loader(version: str) -> Any:
+        return await load_scorer_from_redis(redis, version)
+
+    return features, embeddings, loader
+
+
+class ScoringWorker:
+    """Consume rank requests, reply with scores; ``async with`` or ``start``/``run``/``stop``."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        registry: CollectorRegistry | None = None,
+        features: FeatureSource | None = None,
+        embeddings: EmbeddingSource | None = None,
+        loader: Loader | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = ScoringMetrics(registry)
+        self._group_id = settings.scoring_group_id
+        self._limits = Limits.from_settings(settings)
+        self._injected = (features, embeddings, loader)
+        self._redis: aioredis.Redis | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self.watcher: VersionWatcher | None = None
+        self.service: RankService | None = None
+        self._stopping = asyncio.Event()
+        self.batches = 0
+
+    async def start(self) -> None:
+        s = self.settings
+        configure_torch(s)
+        self._redis = aioredis.from_url(s.redis_dsn, **s.redis_client_kwargs())
+        features, embeddings, loader = self._injected
+        if features is None or embeddings is None or loader is None:
+            features, embeddings, loader = real_dependencies(s, self._redis, self.metrics.registry)
+        breaker = CircuitBreaker(failures=s.breaker_failures, cooldown_s=s.breaker_cooldown_s)
+        recent = RecentIds(s.cache_warm_top_k)
+        self.watcher = VersionWatcher(
+            redis=self._redis,
+            loader=loader,
+            embeddings=embeddings,
+            metrics=self.metrics,
+            static_split=s.canary_split,
+            recent=recent,
+            warm_top_k=s.cache_warm_top_k,
+            poll_s=s.scoring_poll_s,
+        )
+        watcher = self.watcher
+        self.service = RankService(
+            features=features,
+            embeddings=embeddings,
+            serving=lambda: watcher.current,
+            breaker=breaker,
+            metrics=self.metrics,
+            sequence_length=s.sequence_length,
+            forward_mode=s.scoring_forward,
+            log_served=s.served_log_topic is not None,
+            recent=recent,
+        )
+        try:
+            await self.watcher.refresh()
+        except Exception as exc:  # Redis down at start: serve degraded until it answers
+            logger.warning("could not read the model pointer at start (%s); will retry", exc)
+        self.watcher.start()
+        self._producer = AIOKafkaProducer(**s.kafka_client_kwargs(), acks="all", linger_ms=1)
+        self._consumer = AIOKafkaConsumer(
+            s.topic_requests,
+            **s.kafka_client_kwargs(),
+            group_id=self._group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=s.scoring_batch_max,
+        )
+        try:
+            await self._producer.start()
+            await self._consumer.start()
+        except KafkaError as exc:
+            await self.stop()
+            raise KafkaUnavailable(
+                f"cannot reach Kafka at {s.kafka_bootstrap}: {exc}; is the stack up?"
+            ) from exc
+        logger.info(
+            "scoring worker consuming %s as group %s; serving %s",
+            s.topic_requests,
+            self._group_id,
+            self.watcher.describe(),
+        )
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        if self.watcher is not None:
+            await self.watcher.stop()
+        for client in (self._consumer, self._producer):
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await client.stop()
+        if self._redis is not None:
+            await self._redis.aclose()
+        self._consumer = self._producer = self._redis = None
+
+    async def __aenter__(self) -> ScoringWorker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    async def _next_batch(self) -> list[ConsumerRecord[Any, Any]]:
+        assert self._consumer is not None
+        s = self.settings
+        got = await self._consumer.getmany(timeout_ms=200, max_records=s.scoring_batch_max)
+        records = [r for part in got.values() for r in part]
+        if records and len(records) < s.scoring_batch_max and s.scoring_batch_wait_ms > 0:
+            more = await self._consumer.getmany(
+                timeout_ms=max(1, int(s.scoring_batch_wait_ms)),
+                max_records=s.scoring_batch_max - len(records),
+            )
+            records.extend(r for part in more.values() for r in part)
+        return records
+
+    async def run(self) -> None:
+        """Consume until :meth:`request_stop` (or cancellation)."""
+        while not self._stopping.is_set():
+            records = await self._next_batch()
+            if records:
+                await self.process(records)
+
+    async def process(self, records: Sequence[ConsumerRecord[Any, Any]]) -> None:
+        """Answer one batch of records, then commit their offsets."""
+        assert (
+            self.service is not None and self._producer is not None and self._consumer is not None
+        )
+        s = self.settings
+        received = now_ms()
+        outgoing: list[_Outgoing] = []
+        valid: list[Incoming] = []
+        topics: list[str] = []
+        deadlines: list[int] = []
+        for record in records:
+            try:
+                request = decode_request(record.value, self._limits)
+            except ContractError as exc:
+                outgoing.extend(self._reject(record, exc, received))
+                continue
+            topic = replies.reply_topic(
+                request.reply_to, default=s.topic_results, allowed=s.reply_topics_allowed
+            )
+            if topic is None:
+                detail = f"reply_to {request.reply_to!r} is not in reply_topics_allowed"
+                result = replies.error_reply(
+                    request.request_id,
+                    request.user_id,
+                    replies.REPLY_TO_NOT_ALLOWED,
+                    detail,
+                    now_ms=received,
+                )
+                outgoing.append(self._reply(s.topic_results, result))
+                continue
+            valid.append(Incoming(request, int(record.timestamp), received))
+            topics.append(topic)
+            deadlines.append(
+                replies.deadline_ms(
+                    request, produced_ms=int(record.timestamp), budget_ms=s.scoring_budget_ms
+                )
+            )
+        ranked: list[Ranked] = await self.service.rank(valid, deadlines=deadlines) if valid else []
+        for topic, item in zip(topics, ranked, strict=True):
+            outgoing.append(self._reply(topic, item.result))
+            if item.served is not None and s.served_log_topic:
+                outgoing.append(
+                    _Outgoing(
+                        s.served_log_topic,
+                        item.result.request_id.encode(),
+                        orjson.dumps(item.served),
+                    )
+                )
+        if not await self._produce(outgoing, records):
+            return
+        acked = time.time() * 1000
+        for incoming in valid:
+            self.metrics.latency.observe(max(0.0, acked - incoming.produced_ms) / 1000.0)
+        self.metrics.batch_size.observe(len(records))
+        await self._commit(records)
+        self.batches += 1
+
+    def _reply(self, topic: str, result: RankResult) -> _Outgoing:
+        error = replies.is_error_reply(result)
+        self.metrics.observe_reply(degraded=result.degraded, reason=result.reason, error=error)
+        if not error:
+            self.metrics.observe_stages(result.timings_ms)
+        return _Outgoing(topic, result.request_id.encode(), result.to_json())
+
+    def _reject(
+        self, record: ConsumerRecord[Any, Any], exc: ContractError, at: int
+    ) -> list[_Outgoing]:
+        """A dead letter with the reason, and an error reply when the request_id is readable."""
+        s = self.settings
+        self.metrics.dead_letters.labels(exc.reason).inc()
+        logger.info(
+            "dead-lettering %s[%s]@%s: %s", record.topic, record.partition, record.offset, exc
+        )
+        letter = DeadLetter.wrap(
+            record.value,
+            source_topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            error=f"{exc.reason}: {exc}",
+            at=at,
+        )
+        out = [_Outgoing(s.topic_dead_letters, record.key or b"", letter.to_json())]
+        request_id = peek_request_id(record.value)
+        if request_id is not None:
+            result = replies.error_reply(
+                request_id, "", replies.INVALID_REQUEST, f"{exc.reason}: {exc}", now_ms=at
+            )
+            out.append(self._reply(s.topic_results, result))
+        return out
+
+    async def _produce(
+        self, outgoing: Sequence[_Outgoing], records: Sequence[ConsumerRecord[Any, Any]]
+    ) -> bool:
+        """Send everything and await the acknowledgements; on failure rewind the batch."""
+        assert self._producer is not None and self._consumer is not None
+        try:
+            futures = [await self._producer.send(o.topic, o.value, key=o.key) for o in outgoing]
+            await asyncio.gather(*futures)
+            return True
+        except KafkaError as exc:
+            logger.error(
+                "producing %d replies failed (%s); rewinding the batch to answer it again",
+                len(outgoing),
+                exc,
+            )
+            for tp, offset in _first_offsets(records).items():
+                self._consumer.seek(tp, offset)
+            await asyncio.sleep(0.5)
+            return False
+
+    async def _commit(self, records: Sequence[ConsumerRecord[Any, Any]]) -> None:
+        assert self._consumer is not None
+        offsets = {tp: last + 1 for tp, last in _last_offsets(records).items()}
+        try:
+            await self._consumer.commit(offsets)
+        except (CommitFailedError, KafkaError) as exc:
+            # The replies are out; a rebalance means another member may answer these again,
+            # which clients tolerate (duplicates are dropped).
+            logger.warning("offset commit failed (%s); some requests may be answered twice", exc)
+
+
+def _first_offsets(records: Sequence[ConsumerRecord[Any, Any]]) -> dict[TopicPartition, int]:
+    out: dict[TopicPartition, int] = {}
+    for r in records:
+        tp = TopicPartition(r.topic, r.partition)
+        out[tp] = min(out.get(tp, r.offset), r.offset)
+    return out
+
+
+def _last_offsets(records: Sequence[ConsumerRecord[Any, Any]]) -> dict[TopicPartition, int]:
+    out: dict[TopicPartition, int] = {}
+    for r in records:
+        tp = TopicPartition(r.topic, r.partition)
+        out[tp] = max(out.get(tp, r.offset), r.offset)
+    return out
