@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
@@ -55,7 +55,9 @@ class Settings(BaseSettings):
     redis_timeout_s: float = Field(0.25, gt=0, description="Socket timeout of every Redis call.")
 
     # --- embedded stack (demo and tests) -----------------------------------------------------
-    run_dir: Path = Field(Path(".run"), description="Pid, log and data files of the embedded stack.")
+    run_dir: Path = Field(
+        Path(".run"), description="Pid, log and data files of the embedded stack."
+    )
     stack_kafka_port: int = Field(9092, ge=0, le=65535)
     stack_redis_port: int = Field(6379, ge=0, le=65535)
 
@@ -64,9 +66,11 @@ class Settings(BaseSettings):
     topic_requests: str = "rank-requests"
     topic_results: str = "rank-results"
     topic_dead_letters: str = "dead-letters"
-    topic_partitions: int = Field(4, ge=1, description="Partitions per topic: bounds group scale-out.")
+    topic_partitions: int = Field(
+        4, ge=1, description="Partitions per topic: bounds group scale-out."
+    )
     topic_replication: int = Field(1, ge=1)
-    reply_topics_allowed: tuple[str, ...] = Field(
+    reply_topics_allowed: Annotated[tuple[str, ...], NoDecode] = Field(
         (), description="Extra topics a RankRequest may name in reply_to (comma-separated)."
     )
 
@@ -75,7 +79,9 @@ class Settings(BaseSettings):
     max_items_per_request: int = Field(500, ge=1)
     max_id_length: int = Field(128, ge=1)
     max_event_skew_s: int = Field(
-        7 * 24 * 3600, ge=1, description="Clicks whose ts is further than this from now are dead-lettered."
+        7 * 24 * 3600,
+        ge=1,
+        description="Clicks whose ts is further than this from now are dead-lettered.",
     )
 
     # --- features (streams) ------------------------------------------------------------------
@@ -98,12 +104,18 @@ class Settings(BaseSettings):
     artifacts_dir: Path = Path("artifacts")
     scoring_batch_max: int = Field(32, ge=1, description="Max requests per micro-batch.")
     scoring_batch_wait_ms: float = Field(2.0, ge=0, description="Max wait to fill a micro-batch.")
-    scoring_budget_ms: int = Field(50, ge=1, description="Default deadline when a request has none.")
+    scoring_budget_ms: int = Field(
+        50, ge=1, description="Default deadline when a request has none."
+    )
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads.")
     torch_interop_threads: int = Field(1, ge=1)
-    breaker_failures: int = Field(3, ge=1, description="Redis failures in a row that open the breaker.")
+    breaker_failures: int = Field(
+        3, ge=1, description="Redis failures in a row that open the breaker."
+    )
     breaker_cooldown_s: float = Field(2.0, gt=0)
-    canary_split: str | None = Field(None, description="e.g. 'din-a:0.9,din-b:0.1'; None = pointer.")
+    canary_split: str | None = Field(
+        None, description="e.g. 'din-a:0.9,din-b:0.1'; None = pointer."
+    )
     served_log_topic: str | None = Field(None, description="Topic for what-the-model-saw records.")
 
     # --- observability -----------------------------------------------------------------------
