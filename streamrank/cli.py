@@ -29,13 +29,16 @@ COMMAND_MODULES: tuple[str, ...] = (
     "streamrank.cli_stack",
     "streamrank.demo",
     "streamrank.bench",
+    "streamrank.cli_settings",
     "scoring.cli",
 )
 
 
 def print_json(value: Any) -> None:
     """Write one JSON document to stdout."""
-    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode())
+    sys.stdout.write(
+        orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode()
+    )
     sys.stdout.write("\n")
     sys.stdout.flush()
 
@@ -61,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Real-time feature and scoring engine for recommendation ranking.",
     )
     parser.add_argument("--version", action="version", version=f"streamrank {__version__}")
-    parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default: settings)")
+    parser.add_argument(
+        "--log-level", default=None, help="DEBUG, INFO, WARNING (default: settings)"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:
