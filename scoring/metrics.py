@@ -32,7 +32,7 @@ class ScoringMetrics:
             registry=r,
         )
         self.latency = Histogram(
-            "streamrank_scoring_latency_seconds",
+            "streamrank_scoring_request_latency_seconds",
             "End to end: request produced -> reply acknowledged by the broker.",
             buckets=LATENCY_BUCKETS,
             registry=r,

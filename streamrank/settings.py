@@ -138,7 +138,9 @@ class Settings(BaseSettings):
         None, description="e.g. 'din-a:0.9,din-b:0.1'; None = pointer."
     )
     served_log_topic: str | None = Field(None, description="Topic for what-the-model-saw records.")
-    scoring_group_id: str = Field("streamrank-scoring", description="Consumer group of scoring workers.")
+    scoring_group_id: str = Field(
+        "streamrank-scoring", description="Consumer group of scoring workers."
+    )
     scoring_forward: Literal["batched", "per_request"] = Field(
         "batched",
         description="One DIN forward per micro-batch (padded across requests) or one per request.",
