@@ -4,26 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import signal
 from typing import Any
 
 from streamrank.settings import Settings
 
 
-def worker_subparsers(sub: Any) -> Any:
-    """The ``worker KIND`` sub-command group, shared with the other worker kinds (get or create)."""
-    worker = sub.choices.get("worker")
-    if worker is None:
-        worker = sub.add_parser("worker", help="run a worker (features, scoring)")
-        kinds = worker.add_subparsers(dest="worker_kind", metavar="KIND")
-        kinds.required = True
-        return kinds
-    return worker._subparsers._group_actions[0]
-
-
 async def serve(settings: Settings, metrics_port: int | None) -> None:
-    """Run one scoring worker until SIGINT/SIGTERM."""
+    """Run one scoring worker until cancelled (SIGINT/SIGTERM via ``run_until_signalled``)."""
     from prometheus_client import CollectorRegistry
 
     from scoring.worker import ScoringWorker
@@ -33,10 +20,6 @@ async def serve(settings: Settings, metrics_port: int | None) -> None:
     port = resolve_port(metrics_port, settings.metrics_port, "scoring")
     server = serve_metrics(registry, port)
     worker = ScoringWorker(settings=settings, registry=registry)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, worker.request_stop)
     try:
         async with worker:
             await worker.run()
@@ -46,7 +29,9 @@ async def serve(settings: Settings, metrics_port: int | None) -> None:
 
 
 def _worker(args: argparse.Namespace, settings: Settings) -> int:
-    asyncio.run(serve(settings, args.metrics_port))
+    from streamrank.cli import run_until_signalled
+
+    run_until_signalled(serve(settings, args.metrics_port))
     return 0
 
 
@@ -75,8 +60,9 @@ def _rank(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def register(sub: Any) -> None:
-    kinds = worker_subparsers(sub)
-    scoring = kinds.add_parser("scoring", help="rank requests from Kafka with DIN")
+    from streamrank.cli import add_worker_kind
+
+    scoring = add_worker_kind(sub, "scoring", help="rank requests from Kafka with DIN")
     scoring.add_argument(
         "--metrics-port",
         type=int,

@@ -22,9 +22,9 @@ from schemas import RankRequest, RankResult
 from scoring import replies
 from scoring.batch import assemble, gather, split_scores
 from scoring.breaker import CircuitBreaker
-from scoring.metrics import ScoringMetrics
 from scoring.protocols import EmbeddingSource, FeatureSource, Scorer
 from scoring.versions import ITEM_TABLE, RecentIds, Serving
+from scoring.worker_metrics import ScoringMetrics
 from streamrank.errors import DependencyUnavailable, StreamrankError
 
 logger = logging.getLogger(__name__)

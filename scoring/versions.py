@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from scoring.canary import Split, assign, parse_split
-from scoring.metrics import ScoringMetrics
 from scoring.protocols import EmbeddingSource, Scorer
+from scoring.worker_metrics import ScoringMetrics
 from streamrank import keys
 from streamrank.errors import StreamrankError
 

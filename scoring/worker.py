@@ -26,10 +26,10 @@ from prometheus_client import CollectorRegistry
 from schemas import DeadLetter, Limits, RankResult, decode_request, peek_request_id
 from scoring import replies
 from scoring.breaker import CircuitBreaker
-from scoring.metrics import ScoringMetrics
 from scoring.protocols import EmbeddingSource, FeatureSource
 from scoring.service import Incoming, Ranked, RankService, now_ms
 from scoring.versions import Loader, RecentIds, VersionWatcher
+from scoring.worker_metrics import ScoringMetrics
 from streamrank.errors import ContractError, KafkaUnavailable
 from streamrank.settings import Settings
 

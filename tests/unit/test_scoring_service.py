@@ -15,7 +15,7 @@ from schemas import RankRequest
 from scoring import replies
 from scoring.breaker import BreakerState, CircuitBreaker
 from scoring.canary import parse_split
-from scoring.metrics import ScoringMetrics
+from scoring.worker_metrics import ScoringMetrics
 from scoring.service import Incoming, RankService, served_record
 from scoring.versions import Serving
 
