@@ -59,6 +59,34 @@ def _rank(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+async def canary(settings: Settings, split: str | None) -> dict[str, Any]:
+    import redis.asyncio as aioredis
+
+    from scoring.versions import set_split
+    from streamrank import keys
+
+    client = aioredis.from_url(settings.redis_dsn, **settings.redis_client_kwargs())
+    try:
+        parsed = await set_split(client, split)
+        active = await client.get(keys.active_model())
+    finally:
+        await client.aclose()
+    return {
+        "split": None if parsed is None else {v: w for v, w in parsed},
+        "active": active.decode() if isinstance(active, bytes) else active,
+    }
+
+
+def _canary(args: argparse.Namespace, settings: Settings) -> int:
+    from streamrank.cli import print_json
+
+    split = None if args.action == "clear" else args.split
+    if args.action == "set" and not split:
+        raise SystemExit("streamrank canary set: give the split, e.g. din-a:0.9,din-b:0.1")
+    print_json(asyncio.run(canary(settings, split)))
+    return 0
+
+
 def register(sub: Any) -> None:
     from streamrank.cli import add_worker_kind
 
@@ -77,3 +105,12 @@ def register(sub: Any) -> None:
     rank.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the reply")
     rank.add_argument("--json", action="store_true", help="print the RankResult as JSON")
     rank.set_defaults(func=_rank)
+
+    canary_cmd = sub.add_parser(
+        "canary",
+        help="split traffic between published versions by user (sr:model:split); "
+        "'clear' returns to the active pointer",
+    )
+    canary_cmd.add_argument("action", choices=("set", "clear"))
+    canary_cmd.add_argument("split", nargs="?", help="e.g. din-a:0.9,din-b:0.1")
+    canary_cmd.set_defaults(func=_canary)

@@ -23,6 +23,7 @@ from scoring import replies
 from scoring.batch import assemble, gather, split_scores
 from scoring.breaker import CircuitBreaker
 from scoring.protocols import EmbeddingSource, FeatureSource, Scorer
+from scoring.served_log import served_record
 from scoring.versions import ITEM_TABLE, RecentIds, Serving
 from scoring.worker_metrics import ScoringMetrics
 from streamrank.errors import DependencyUnavailable, StreamrankError
@@ -65,29 +66,6 @@ class Ranked:
 class _Group:
     version: str
     members: list[int] = field(default_factory=list)
-
-
-def served_record(
-    request: RankRequest,
-    version: str,
-    events: Sequence[Any],
-    scores: Sequence[float],
-    served_at: int,
-) -> dict[str, Any]:
-    """The point-in-time record of one scored request (served-log topic)."""
-    return {
-        "request_id": request.request_id,
-        "user_id": request.user_id,
-        "model_version": version,
-        "sequence": {
-            "item_ids": [e.item_id for e in events],
-            "ts": [int(e.ts) for e in events],
-            "event_ids": [e.event_id for e in events],
-        },
-        "items": list(request.items),
-        "scores": list(scores),
-        "served_at": served_at,
-    }
 
 
 def forward(

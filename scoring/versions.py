@@ -23,7 +23,7 @@ from scoring.canary import Split, assign, parse_split
 from scoring.protocols import EmbeddingSource, Scorer
 from scoring.worker_metrics import ScoringMetrics
 from streamrank import keys
-from streamrank.errors import StreamrankError
+from streamrank.errors import StreamrankError, UnknownVersion
 
 logger = logging.getLogger(__name__)
 
@@ -176,3 +176,19 @@ class VersionWatcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+
+async def set_split(redis: aioredis.Redis, text: str | None) -> Split | None:
+    """Write (or with None, clear) ``sr:model:split``; every version must be published."""
+    if text is None:
+        await redis.delete(keys.model_split())
+        return None
+    split = parse_split(text)
+    published = await redis.smismember(keys.embedding_versions(), [v for v, _ in split])
+    missing = [v for (v, _), ok in zip(split, published, strict=True) if not ok]
+    if missing:
+        raise UnknownVersion(
+            f"version(s) {', '.join(missing)} are not published; run `streamrank publish` first"
+        )
+    await redis.set(keys.model_split(), ",".join(f"{v}:{w:g}" for v, w in split))
+    return split

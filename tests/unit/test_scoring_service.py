@@ -15,9 +15,10 @@ from schemas import RankRequest
 from scoring import replies
 from scoring.breaker import BreakerState, CircuitBreaker
 from scoring.canary import parse_split
-from scoring.worker_metrics import ScoringMetrics
-from scoring.service import Incoming, RankService, served_record
+from scoring.served_log import served_record
+from scoring.service import Incoming, RankService
 from scoring.versions import Serving
+from scoring.worker_metrics import ScoringMetrics
 
 DIM = 4
 
