@@ -58,7 +58,11 @@ class RankClient:
     async def start(self) -> None:
         s = self._settings
         self._producer = AIOKafkaProducer(**s.kafka_client_kwargs(), acks="all", linger_ms=0)
-        self._consumer = AIOKafkaConsumer(**s.kafka_client_kwargs(), enable_auto_commit=False)
+        self._consumer = AIOKafkaConsumer(
+            **s.kafka_client_kwargs(),
+            enable_auto_commit=False,
+            fetch_max_wait_ms=s.scoring_fetch_wait_ms,
+        )
         try:
             await self._producer.start()
             await self._consumer.start()

@@ -93,7 +93,9 @@ class Driver:
         self._results_topic = results_topic
         self._producer = AIOKafkaProducer(**settings.kafka_client_kwargs(), acks=1, linger_ms=0)
         self._consumer = AIOKafkaConsumer(
-            **settings.kafka_client_kwargs(), enable_auto_commit=False
+            **settings.kafka_client_kwargs(),
+            enable_auto_commit=False,
+            fetch_max_wait_ms=settings.scoring_fetch_wait_ms,
         )
         self._reader: asyncio.Task[None] | None = None
         self.stats = RunStats()
@@ -120,10 +122,10 @@ class Driver:
         await self._producer.stop()
 
     async def _read(self) -> None:
-        stats = self.stats
         while True:
             batches = await self._consumer.getmany(timeout_ms=200)
             now = time.perf_counter()
+            stats = self.stats  # replaced by reset() between phases
             for records in batches.values():
                 for record in records:
                     reply = orjson.loads(record.value)

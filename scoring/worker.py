@@ -146,6 +146,7 @@ class ScoringWorker:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_poll_records=s.scoring_batch_max,
+            fetch_max_wait_ms=s.scoring_fetch_wait_ms,
         )
         try:
             await self._producer.start()

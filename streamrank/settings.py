@@ -145,6 +145,12 @@ class Settings(BaseSettings):
         "batched",
         description="One DIN forward per micro-batch (padded across requests) or one per request.",
     )
+    scoring_fetch_wait_ms: int = Field(
+        2,
+        ge=0,
+        description="Longest a broker may hold a fetch of the scoring worker or RankClient "
+        "(the embedded Tansu broker always holds it this long: it bounds the latency per hop).",
+    )
     scoring_poll_s: float = Field(
         1.0, gt=0, description="How often the scoring worker polls the model version pointers."
     )
