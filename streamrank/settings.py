@@ -92,6 +92,18 @@ class Settings(BaseSettings):
     cache_bytes: int = Field(64 * 1024 * 1024, ge=0, description="Local hot-row cache budget.")
     cache_policy: Literal["tinylfu", "lru"] = "tinylfu"
     cache_warm_top_k: int = Field(10_000, ge=0)
+    cache_hold: Literal["encoded", "decoded"] = Field(
+        "encoded",
+        description="Whether the cache holds rows as fetched (encoded) or decoded to float32.",
+    )
+    embedding_configure_redis: bool = Field(
+        True,
+        description="Let the embedding store CONFIG SET hash-max-ziplist-value when rows are "
+        "longer than the server's limit (else publish refuses with instructions).",
+    )
+    embedding_fetch_mode: Literal["script", "pipeline"] = Field(
+        "script", description="One Lua call per batch of misses, or a pipeline of HMGET per bucket."
+    )
 
     # --- model and scoring -------------------------------------------------------------------
     data_dir: Path = Field(default_factory=_default_data_dir)
