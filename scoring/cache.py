@@ -188,14 +188,18 @@ class CachedEmbeddings:
         loaded = 0
         unique = list(dict.fromkeys(ids))
         for start in range(0, len(unique), chunk):
-            part = [u for u in unique[start : start + chunk] if (version, table, u) not in self.policy]
+            part = [
+                u for u in unique[start : start + chunk] if (version, table, u) not in self.policy
+            ]
             if not part:
                 continue
             fetched = await self.store.fetch_encoded(table, part, version=version)
             held = self._held(fetched)
             keep = fetched.found.tolist()
             found_keys = [(version, table, u) for u, ok in zip(part, keep, strict=True) if ok]
-            added = self.policy.preload(found_keys, [h for h, ok in zip(held, keep, strict=True) if ok])
+            added = self.policy.preload(
+                found_keys, [h for h, ok in zip(held, keep, strict=True) if ok]
+            )
             loaded += added
             if added < len(found_keys):
                 break  # full

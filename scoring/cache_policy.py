@@ -78,21 +78,21 @@ class CountMinSketch:
 
     def estimate_many(self, keys: Sequence[Hashable]) -> npt.NDArray[np.uint8]:
         hashes = np.fromiter((hash(k) & _MASK64 for k in keys), dtype=np.uint64, count=len(keys))
-        return self.table[self._rows, self._indexes(hashes)].min(axis=0)  # type: ignore[no-any-return]
+        return self.table[self._rows, self._indexes(hashes)].min(axis=0)
 
 
-class CachePolicy(Protocol[K, V]):
+class CachePolicy(Protocol):
     """What the embedding cache needs from a replacement policy."""
 
     capacity: int
     used: int
     evictions: int
 
-    def get_many(self, keys: Sequence[K]) -> list[V | None]: ...
+    def get_many(self, keys: Sequence[Any]) -> list[Any]: ...
 
-    def put_many(self, keys: Sequence[K], values: Sequence[V]) -> None: ...
+    def put_many(self, keys: Sequence[Any], values: Sequence[Any]) -> None: ...
 
-    def preload(self, keys: Sequence[K], values: Sequence[V]) -> int: ...
+    def preload(self, keys: Sequence[Any], values: Sequence[Any]) -> int: ...
 
     def __len__(self) -> int: ...
 

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -158,6 +158,10 @@ class EncodedRows:
         return out
 
 
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _parse_meta(version: str, table: str, raw: dict[bytes, bytes]) -> TableMeta:
     try:
         return TableMeta(
@@ -193,6 +197,7 @@ class EmbeddingStore:
         configure_redis: bool = True,
         publish_batch_rows: int = 20_000,
         bucket_fill: float = 0.6,
+        max_bucket_rows: int = 128,
         owns_client: bool = False,
     ) -> None:
         if redis.connection_pool.connection_kwargs.get("decode_responses"):
@@ -201,11 +206,15 @@ class EmbeddingStore:
             raise ConfigError(f"fetch_mode must be 'script' or 'pipeline', got {fetch_mode!r}")
         if not 0 < bucket_fill <= 1:
             raise ConfigError(f"bucket_fill must be in (0, 1], got {bucket_fill}")
-        self.redis = redis
+        # Any: redis-py's stubs type replies as str, ours are bytes (decode_responses=False).
+        self.redis: Any = redis
         self.fetch_mode = fetch_mode
         self.configure_redis = configure_redis
         self.publish_batch_rows = publish_batch_rows
         self.bucket_fill = bucket_fill
+        # HGET scans a compact hash linearly: past ~128 rows per bucket lookups slow down while
+        # memory barely improves (the per-key overhead is already ~1 B/row), see the docs.
+        self.max_bucket_rows = max_bucket_rows
         self._owns_client = owns_client
         self._script = redis.register_script(_FETCH_LUA)
         self._metas: dict[tuple[str, str], TableMeta] = {}
@@ -267,12 +276,17 @@ class EmbeddingStore:
                     f"immutable; publish under a new version, or `streamrank embeddings delete "
                     f"{version}` first"
                 )
-            max_entries = await self._ensure_compact(encoding, width, id_list)
+            max_entries = min(
+                self.max_bucket_rows, await self._ensure_compact(encoding, width, id_list)
+            )
             # Rows left by an earlier publish that died before its meta: never mix them in.
             leftovers = await self._delete_matching(keys.embedding_table_pattern(version, table))
             if leftovers:
                 logger.warning(
-                    "removed %s keys left by an unfinished publish of %s/%s", leftovers, version, table
+                    "removed %s keys left by an unfinished publish of %s/%s",
+                    leftovers,
+                    version,
+                    table,
                 )
             hashes = stable_hash(id_list)
             n_buckets = choose_bucket_count(
@@ -295,11 +309,13 @@ class EmbeddingStore:
             }
             compact = await self._is_compact(version, table, buckets)
             pipe = self.redis.pipeline(transaction=False)
-            pipe.hset(keys.embedding_meta(version, table), mapping=meta)  # type: ignore[arg-type]
+            pipe.hset(keys.embedding_meta(version, table), mapping=meta)
             pipe.sadd(keys.embedding_versions(), version)
             await pipe.execute()
         except (RedisConnectionError, RedisTimeoutError) as exc:
-            raise RedisUnavailable(f"Redis failed during publish of {version}/{table}: {exc}") from exc
+            raise RedisUnavailable(
+                f"Redis failed during publish of {version}/{table}: {exc}"
+            ) from exc
         if not compact:
             logger.warning(
                 "%s/%s: buckets are not in Redis' compact encoding (memory several times larger); "
@@ -323,9 +339,11 @@ class EmbeddingStore:
         """Make sure rows and ids fit the compact hash encoding; returns the max entries per hash."""
         need_value = max(row_bytes(encoding, dim), max(len(i.encode("utf-8")) for i in ids))
         try:
-            conf = await self.redis.config_get("hash-max-ziplist-*")
-            max_entries = int(conf.get(b"hash-max-ziplist-entries", DEFAULT_MAX_ENTRIES))
-            max_value = int(conf.get(b"hash-max-ziplist-value", DEFAULT_MAX_VALUE))
+            conf = {
+                _text(k): v for k, v in (await self.redis.config_get("hash-max-ziplist-*")).items()
+            }
+            max_entries = int(conf.get("hash-max-ziplist-entries", DEFAULT_MAX_ENTRIES))
+            max_value = int(conf.get("hash-max-ziplist-value", DEFAULT_MAX_VALUE))
         except ResponseError as exc:
             logger.warning(
                 "CONFIG GET refused (%s); assuming hash-max-ziplist-entries %s / -value %s",
@@ -384,7 +402,7 @@ class EmbeddingStore:
             for bucket, positions in zip(unique.tolist(), groups, strict=True):
                 mapping = {ids[p]: flat[p * width : (p + 1) * width] for p in positions.tolist()}
                 max_rows = max(max_rows, len(mapping))
-                pipe.hset(keys.embedding_bucket(version, table, bucket), mapping=mapping)  # type: ignore[arg-type]
+                pipe.hset(keys.embedding_bucket(version, table, bucket), mapping=mapping)
                 pending += len(mapping)
                 if pending >= self.publish_batch_rows:
                     await pipe.execute()
@@ -413,7 +431,9 @@ class EmbeddingStore:
         try:
             raw = await self.redis.hgetall(keys.embedding_meta(version, table))
         except (RedisConnectionError, RedisTimeoutError) as exc:
-            raise RedisUnavailable(f"Redis did not answer reading {version}/{table} meta: {exc}") from exc
+            raise RedisUnavailable(
+                f"Redis did not answer reading {version}/{table} meta: {exc}"
+            ) from exc
         if not raw:
             published = await self.versions()
             hint = (
@@ -425,7 +445,7 @@ class EmbeddingStore:
                 f"embedding table {table!r} of version {version!r} is not published ({hint}); "
                 "publish it first or pick a published version"
             )
-        meta = _parse_meta(version, table, raw)
+        meta = _parse_meta(version, table, cast(dict[bytes, bytes], raw))
         self._metas[(version, table)] = meta
         return meta
 
@@ -561,7 +581,7 @@ class EmbeddingStore:
         """
         check_name("version", version)
         active = await self.redis.get(keys.active_model())
-        if active is not None and active.decode() == version and not force:
+        if active is not None and _text(active) == version and not force:
             raise EmbeddingError(
                 f"version {version!r} is the active model version; activate another first "
                 "(or pass force)"

@@ -42,8 +42,7 @@ def check_ids(ids: Sequence[str]) -> list[str]:
     bad = [i for i, x in enumerate(ids) if not isinstance(x, str) or not x]
     if bad:
         raise EmbeddingError(
-            f"ids must be non-empty strings; bad at positions {bad[:_SHOW]} "
-            f"(e.g. {ids[bad[0]]!r})"
+            f"ids must be non-empty strings; bad at positions {bad[:_SHOW]} (e.g. {ids[bad[0]]!r})"
         )
     if _CONTROL_RE.search("".join(ids)):
         offenders = [x for x in ids if _CONTROL_RE.search(x)]
