@@ -92,6 +92,23 @@ class Settings(BaseSettings):
     dedupe_ttl_s: int = Field(48 * 3600, ge=1, description="How long an event_id is remembered.")
     features_batch_size: int = Field(2000, ge=1)
     features_batch_within_s: float = Field(0.05, gt=0)
+    counter_coarse_bucket_s: int = Field(
+        3600, ge=1, description="Coarse bucket size for the 24 h windows (and category counts)."
+    )
+    features_app_id: str = Field(
+        "streamrank-features", description="Faust app id = the features consumer group id."
+    )
+    features_path: Literal["batch", "agent"] = Field(
+        "batch",
+        description="How the Faust worker hands clicks over: 'batch' drains whole fetches from "
+        "Faust's consumer into the batch writer; 'agent' uses a Faust agent stream (slower).",
+    )
+    features_retry_max_s: float = Field(
+        2.0, gt=0, description="Longest back-off between retries while Redis/Kafka is down."
+    )
+    features_commit_interval_s: float = Field(
+        0.5, gt=0, description="How often the features worker commits acked offsets."
+    )
 
     # --- embedding store and cache -----------------------------------------------------------
     embedding_encoding: Literal["fp32", "fp16", "int8"] = "int8"

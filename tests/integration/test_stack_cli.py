@@ -41,7 +41,9 @@ def private_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     cli("stack", "down", env=env)
 
 
-def test_up_is_idempotent_status_reports_and_down_stops_only_its_own(private_env: dict[str, str]) -> None:
+def test_up_is_idempotent_status_reports_and_down_stops_only_its_own(
+    private_env: dict[str, str],
+) -> None:
     first = cli("stack", "up", env=private_env)
     assert first.returncode == 0, first.stderr
     run_dir = Path(private_env["STREAMRANK_RUN_DIR"])
@@ -64,7 +66,10 @@ def test_up_is_idempotent_status_reports_and_down_stops_only_its_own(private_env
     down = cli("stack", "down", "--json", env=private_env)
     assert orjson.loads(down.stdout) == {"stopped": ["kafka", "redis"]}
     for pid in pids.values():
-        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+        assert (
+            not Path(f"/proc/{pid}").exists()
+            or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+        )
     after = cli("stack", "status", "--json", env=private_env)
     assert after.returncode == 3
     assert orjson.loads(after.stdout)["kafka"]["up"] is False
