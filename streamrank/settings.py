@@ -106,6 +106,12 @@ class Settings(BaseSettings):
     features_retry_max_s: float = Field(
         2.0, gt=0, description="Longest back-off between retries while Redis/Kafka is down."
     )
+    features_fetch_max_wait_ms: int = Field(
+        10,
+        ge=0,
+        description="Longest time the broker may hold a features fetch waiting for data (Faust "
+        "hard-codes 1500 ms, which would add up to that much click-to-visible latency).",
+    )
     features_commit_interval_s: float = Field(
         0.5, gt=0, description="How often the features worker commits acked offsets."
     )

@@ -33,10 +33,26 @@ logger = logging.getLogger(__name__)
 BatchHandler = Callable[[Sequence[Record]], Awaitable[Any]]
 
 
-class BatchConsumer(faust_aiokafka.Consumer):
-    """Faust's aiokafka consumer, draining whole fetches into the app's batch handler."""
+class FeaturesConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """Faust's consumer thread with a short broker fetch wait (Faust hard-codes 1500 ms)."""
+
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        consumer._fetch_max_wait_ms = self.app.fetch_max_wait_ms  # type: ignore[attr-defined]
+        return consumer
+
+
+class FeaturesConsumer(faust_aiokafka.Consumer):
+    """Faust's aiokafka consumer; on the ``batch`` path it drains whole fetches into the app's
+    batch handler instead of feeding the conductor message by message."""
+
+    def _new_consumer_thread(self) -> Any:
+        return FeaturesConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
     async def _drain_messages(self, fetcher: Any) -> None:
+        if not self.app.use_batch_path:  # type: ignore[attr-defined]
+            await super()._drain_messages(fetcher)
+            return
         handler: BatchHandler = self.app.batch_handler  # type: ignore[attr-defined]
         consumer_stopped = self._stopped.is_set
         fetcher_stopped = fetcher._stopped.is_set
@@ -61,20 +77,19 @@ class BatchConsumer(faust_aiokafka.Consumer):
                 ack(message)
 
 
-class BatchTransport(faust_aiokafka.Transport):
-    Consumer = BatchConsumer
+class FeaturesTransport(faust_aiokafka.Transport):
+    Consumer = FeaturesConsumer
 
 
 class FeaturesApp(faust.App):
-    """A Faust app whose consumer drains fetches into ``batch_handler`` (``batch`` path)."""
+    """A Faust app with the features consumer (see the module doc)."""
 
     batch_handler: BatchHandler
-    use_batch_consumer: bool = True
+    use_batch_path: bool = True
+    fetch_max_wait_ms: int = 10
 
     def _new_transport(self) -> Any:
-        if self.use_batch_consumer:
-            return BatchTransport(self.conf.broker_consumer, self)
-        return super()._new_transport()
+        return FeaturesTransport(self.conf.broker_consumer, self)
 
 
 def _credentials(settings: Any) -> Any:
@@ -93,7 +108,6 @@ def _credentials(settings: Any) -> Any:
 
 def create_app(settings: Any, *, handler: BatchHandler) -> FeaturesApp:
     """The features app; ``handler`` applies one batch and returns once it is durable."""
-    FeaturesApp.use_batch_consumer = settings.features_path == "batch"
     brokers = [f"kafka://{host.strip()}" for host in settings.kafka_bootstrap.split(",")]
     app = FeaturesApp(
         settings.features_app_id,
@@ -125,6 +139,8 @@ def create_app(settings: Any, *, handler: BatchHandler) -> FeaturesApp:
         producer_acks=-1,
     )
     app.batch_handler = handler
+    app.use_batch_path = settings.features_path == "batch"
+    app.fetch_max_wait_ms = settings.features_fetch_max_wait_ms
     topic = app.topic(settings.topic_clicks, key_type=bytes, value_type=bytes, acks=True)
     if settings.features_path == "batch":
         # Subscribe without an agent: BatchConsumer hands whole fetches to the handler.

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import orjson
+
 from schemas import ClickEvent, DeadLetter, Limits, decode_click
 from streamrank import keys
 from streamrank.errors import ContractError
@@ -86,15 +88,11 @@ def classify(
 
 @dataclass(frozen=True, slots=True)
 class ScriptCall:
-    """Keys and arguments of one run of the batch script, plus what it skipped."""
+    """Keys and the one argument of one run of the batch script, plus what it skipped."""
 
     keys: list[str]
-    args: list[str | int]
+    payload: bytes
     too_old_for_counters: int
-
-
-HEADER_ARGS = 6
-ARGS_PER_EVENT = 9
 
 
 def assemble(
@@ -110,25 +108,27 @@ def assemble(
     """Arguments of the batch script for ``events`` (already validated and unique by event_id).
 
     KEYS = seen keys (one per event), then sequence keys (one per distinct user), then counter
-    bucket keys (one per distinct bucket). ARGV = header (event, user and bucket counts, cap,
-    sequence TTL ms, dedupe TTL ms), then one PEXPIREAT time per bucket key, then 9 values per
-    event: user index, score, member, four bucket indexes (user fine, user coarse, item fine,
-    item coarse; 0 = not counted because the bucket has already expired), item id, category
-    field (empty when none).
+    bucket keys (one per distinct bucket). ARGV[1] = one JSON document (one argument instead of
+    nine per event: redis-py packs each argument in Python, which cost more than the rest of
+    the batch): ``n`` = [events, users, buckets], ``h`` = [cap, sequence TTL ms, dedupe TTL ms],
+    ``x`` = PEXPIREAT time (ms) per bucket key, ``e`` = per event [user index, score, member,
+    user fine, user coarse, item fine, item coarse bucket index (0 = not counted: the bucket
+    has already expired), item id, category field or ""]. Integers that may exceed Lua's
+    14 significant digits travel as strings.
     """
     fine, coarse = windows
     seen_keys: list[str] = []
     user_index: dict[str, int] = {}
     bucket_index: dict[str, int] = {}
-    bucket_expiry: list[int] = []
-    per_event: list[str | int] = []
+    bucket_expiry: list[str] = []
+    per_event: list[list[str | int]] = []
     too_old = 0
 
     def bucket(key: str, expire_at_ms: int) -> int:
         index = bucket_index.get(key)
         if index is None:
             index = bucket_index[key] = len(bucket_index) + 1
-            bucket_expiry.append(expire_at_ms)
+            bucket_expiry.append(str(expire_at_ms))
         return index
 
     for event in events:
@@ -156,10 +156,10 @@ def assemble(
             )
         else:
             too_old += 1
-        per_event.extend(
-            (
+        per_event.append(
+            [
                 uidx,
-                event.ts,
+                str(event.ts),
                 keys.sequence_member(event.event_id, event.item_id, event.category),
                 ufine,
                 ucoarse,
@@ -167,17 +167,15 @@ def assemble(
                 icoarse,
                 event.item_id,
                 keys.category_field(event.category) if event.category else "",
-            )
+            ]
         )
     all_keys = seen_keys + [keys.sequence(u) for u in user_index] + list(bucket_index)
-    args: list[str | int] = [
-        len(seen_keys),
-        len(user_index),
-        len(bucket_index),
-        sequence_length,
-        sequence_ttl_s * 1000,
-        dedupe_ttl_s * 1000,
-        *bucket_expiry,
-        *per_event,
-    ]
-    return ScriptCall(all_keys, args, too_old)
+    payload = orjson.dumps(
+        {
+            "n": [len(seen_keys), len(user_index), len(bucket_index)],
+            "h": [sequence_length, str(sequence_ttl_s * 1000), str(dedupe_ttl_s * 1000)],
+            "x": bucket_expiry,
+            "e": per_event,
+        }
+    )
+    return ScriptCall(all_keys, payload, too_old)

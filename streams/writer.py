@@ -28,13 +28,11 @@ from streams.batch import ScriptCall
 logger = logging.getLogger(__name__)
 
 APPLY_BATCH_LUA = """
-local n = tonumber(ARGV[1])
-local nu = tonumber(ARGV[2])
-local nb = tonumber(ARGV[3])
-local cap = tonumber(ARGV[4])
-local seq_ttl = ARGV[5]
-local seen_ttl = ARGV[6]
-local base = 6 + nb
+local d = cjson.decode(ARGV[1])
+local n, nu = d.n[1], d.n[2]
+local cap, seq_ttl, seen_ttl = d.h[1], d.h[2], d.h[3]
+local expiry = d.x
+local events = d.e
 local seqs = {}
 local incr = {}
 local applied = 0
@@ -46,20 +44,18 @@ local function add(b, f)
   end
 end
 for i = 1, n do
-  local a = base + (i - 1) * 9
   if redis.call('SET', KEYS[i], '1', 'NX', 'PX', seen_ttl) then
+    local e = events[i]
     applied = applied + 1
-    local u = tonumber(ARGV[a + 1])
-    local s = seqs[u]
-    if not s then s = {}; seqs[u] = s end
-    s[#s + 1] = ARGV[a + 2]
-    s[#s + 1] = ARGV[a + 3]
-    local ucoarse = tonumber(ARGV[a + 5])
-    add(tonumber(ARGV[a + 4]), 'n')
-    add(ucoarse, 'n')
-    if ARGV[a + 9] ~= '' then add(ucoarse, ARGV[a + 9]) end
-    add(tonumber(ARGV[a + 6]), ARGV[a + 8])
-    add(tonumber(ARGV[a + 7]), ARGV[a + 8])
+    local s = seqs[e[1]]
+    if not s then s = {}; seqs[e[1]] = s end
+    s[#s + 1] = e[2]
+    s[#s + 1] = e[3]
+    add(e[4], 'n')
+    add(e[5], 'n')
+    if e[9] ~= '' then add(e[5], e[9]) end
+    add(e[6], e[8])
+    add(e[7], e[8])
   end
 end
 for u, s in pairs(seqs) do
@@ -75,7 +71,7 @@ for b, h in pairs(incr) do
   for f, v in pairs(h) do
     redis.call('HINCRBY', key, f, v)
   end
-  redis.call('PEXPIREAT', key, ARGV[6 + b])
+  redis.call('PEXPIREAT', key, expiry[b])
 end
 return applied
 """
@@ -93,7 +89,7 @@ class BatchWriter:
         if not call.keys:
             return 0
         try:
-            return int(await self._script(keys=call.keys, args=call.args))
+            return int(await self._script(keys=call.keys, args=[call.payload]))
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise RedisUnavailable(
                 f"Redis did not apply the feature batch ({exc}); the batch will be retried, "

@@ -1,7 +1,7 @@
 import orjson
 
 from schemas import ClickEvent, Limits, decode_dead_letter
-from streams.batch import ARGS_PER_EVENT, HEADER_ARGS, Record, assemble, classify
+from streams.batch import Record, assemble, classify
 from streams.windows import Window
 
 NOW = 1_800_000_000_000
@@ -69,22 +69,27 @@ def test_assemble_indexes_users_and_buckets_once() -> None:
         sequence_ttl_s=100,
         dedupe_ttl_s=10,
     )
+    payload = orjson.loads(call.payload)
     n_users, n_buckets = 2, 6  # u1 fine+coarse, u2 fine+coarse, items fine+coarse
+    assert payload["n"] == [3, n_users, n_buckets]
+    assert payload["h"] == [50, "100000", "10000"]
     assert call.keys[:3] == ["sr:seen:e1", "sr:seen:e2", "sr:seen:e3"]
     assert call.keys[3:5] == ["sr:seq:u1", "sr:seq:u2"]
     assert len(call.keys) == 3 + n_users + n_buckets
-    assert call.args[:HEADER_ARGS] == [3, 2, 6, 50, 100_000, 10_000]
-    first = call.args[HEADER_ARGS + n_buckets : HEADER_ARGS + n_buckets + ARGS_PER_EVENT]
-    assert first[0] == 1 and first[1] == NOW and first[2] == "e1\x1fi1\x1fdrama"
+    first, second, third = payload["e"]
+    assert first[:3] == [1, str(NOW), "e1\x1fi1\x1fdrama"]
     assert first[7:] == ["i1", "c:drama"]
-    ufine, _ucoarse, _ifine, icoarse = first[3:7]
+    ufine, ucoarse, ifine, icoarse = first[3:7]
     fine_start = NOW // 1000 // 300 * 300
-    assert call.keys[5 + int(ufine) - 1] == f"sr:cnt:u:u1:300:{fine_start}"
-    assert call.keys[5 + int(icoarse) - 1] == f"sr:cnt:i:3600:{NOW // 1000 // 3600 * 3600}"
-    expiry = call.args[HEADER_ARGS + int(ufine) - 1]
-    assert expiry == (fine_start + 300 + 3600 + 600) * 1000
-    second = call.args[HEADER_ARGS + n_buckets + ARGS_PER_EVENT :][:ARGS_PER_EVENT]
-    assert second[8] == ""  # no category
+    coarse_start = NOW // 1000 // 3600 * 3600
+    assert call.keys[5 + ufine - 1] == f"sr:cnt:u:u1:300:{fine_start}"
+    assert call.keys[5 + ucoarse - 1] == f"sr:cnt:u:u1:3600:{coarse_start}"
+    assert call.keys[5 + ifine - 1] == f"sr:cnt:i:300:{fine_start}"
+    assert call.keys[5 + icoarse - 1] == f"sr:cnt:i:3600:{coarse_start}"
+    assert payload["x"][ufine - 1] == str((fine_start + 300 + 3600 + 600) * 1000)
+    assert payload["x"][ucoarse - 1] == str((coarse_start + 3600 + 86400 + 600) * 1000)
+    assert second[0] == 1 and second[8] == ""  # same user, no category
+    assert third[0] == 2 and third[6] == icoarse  # same item bucket shared across users
     assert call.too_old_for_counters == 0
 
 
@@ -100,11 +105,10 @@ def test_assemble_skips_counters_of_buckets_that_already_expired() -> None:
         sequence_ttl_s=100,
         dedupe_ttl_s=10,
     )
-    n_buckets = int(call.args[2])
-    per_event = call.args[HEADER_ARGS + n_buckets :]
-    assert per_event[3:7] == [0, 0, 0, 0]  # two days old: no window reaches it
-    second = per_event[ARGS_PER_EVENT:]
+    payload = orjson.loads(call.payload)
+    first, second = payload["e"]
+    assert first[3:7] == [0, 0, 0, 0]  # two days old: no window reaches it
     assert second[3] == 0 and second[5] == 0  # too old for 1 h
     assert second[4] > 0 and second[6] > 0  # still inside 24 h
     assert call.too_old_for_counters == 1
-    assert n_buckets == 2
+    assert payload["n"] == [2, 1, 2]
