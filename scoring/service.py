@@ -198,7 +198,6 @@ class RankService:
             logger.error("model version unusable (%s); serving popularity fallback", exc)
             return await self._fallback(batch, replies.MODEL_UNAVAILABLE, start)
         self._breaker.record_success()
-        self._metrics.set_cache_stats(self._embeddings.stats())
         stages = {
             "sequence_fetch": t_seq * 1000,
             "embedding_lookup": t_lookup * 1000,

@@ -56,23 +56,19 @@ def real_dependencies(
     settings: Settings, redis: aioredis.Redis, registry: CollectorRegistry
 ) -> tuple[FeatureSource, EmbeddingSource, Loader]:
     """The production feature reader, cached embedding store and DIN scorer loader."""
-    from streams.reader import FeatureReader
-
     from scoring.cache import CachedEmbeddings
     from scoring.embedding_store import EmbeddingStore
-    from scoring.model import load_scorer_from_redis
+    from scoring.registry import load_scorer_from_redis
+    from streams.reader import FeatureReader
 
     features = FeatureReader(redis=redis, settings=settings)
-    store = EmbeddingStore(redis=redis)
-    embeddings = CachedEmbeddings(
-        store=store,
-        cache_bytes=settings.cache_bytes,
-        policy=settings.cache_policy,
-        registry=registry,
+    embeddings = CachedEmbeddings.from_settings(
+        store=EmbeddingStore(redis=redis), settings=settings, registry=registry
     )
 
     async def loader(version: str) -> Any:
-        return await load_scorer_from_redis(redis, version)
+        scorer, _config = await load_scorer_from_redis(redis, version)
+        return scorer
 
     return features, embeddings, loader
 

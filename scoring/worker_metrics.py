@@ -1,5 +1,8 @@
 """Every metric of the scoring worker, built in one place from an injected registry.
 
+The embedding cache registers its own ``streamrank_embedding_cache_*`` metrics in the same
+registry (``scoring.embedding_metrics``).
+
 Latency buckets suit a tens-of-milliseconds budget: fine steps from 1 ms to 50 ms, then a few
 coarse ones to see outliers (Redis timeouts, GC pauses, broker stalls).
 """
@@ -7,7 +10,6 @@ coarse ones to see outliers (Redis timeouts, GC pauses, broker stalls).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -74,12 +76,6 @@ class ScoringMetrics:
         self.version_switches = Counter(
             "streamrank_scoring_version_switches", "Serving version changes applied.", registry=r
         )
-        self.cache = Gauge(
-            "streamrank_scoring_cache",
-            "Embedding cache counters (hits, misses, evictions, bytes), as reported by the cache.",
-            ["stat"],
-            registry=r,
-        )
         self._versions: set[str] = set()
 
     def observe_reply(self, *, degraded: bool, reason: str | None, error: bool) -> None:
@@ -98,9 +94,3 @@ class ScoringMetrics:
         for version, weight in split:
             self.model_active.labels(version).set(weight)
         self._versions = {v for v, _ in split}
-
-    def set_cache_stats(self, stats: Mapping[str, Any]) -> None:
-        for name in ("hits", "misses", "evictions", "bytes", "hit_ratio"):
-            value = stats.get(name)
-            if isinstance(value, int | float):
-                self.cache.labels(name).set(float(value))
