@@ -88,9 +88,9 @@ def _canary(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def register(sub: Any) -> None:
-    from streamrank.cli import add_worker_kind
+    from streamrank.cli import worker_kinds
 
-    scoring = add_worker_kind(sub, "scoring", help="rank requests from Kafka with DIN")
+    scoring = worker_kinds(sub).add_parser("scoring", help="rank requests from Kafka with DIN")
     scoring.add_argument(
         "--metrics-port",
         type=int,
