@@ -40,6 +40,7 @@ from tqdm import tqdm
 from scoring.batch import assemble, gather
 from scoring.loadgen import Driver, make_requests, zipf_ids
 from scoring.service import forward
+from scoring.worker import configure_torch
 from streamrank import keys
 from streamrank.settings import Settings
 
@@ -300,6 +301,7 @@ async def _run(args: argparse.Namespace, base: Settings, stack_kind: str) -> dic
             await write_sequences(redis, histories, start_ms=int(time.time() * 1000) - 10**6)
             result = await _measure(args, settings, naive_settings, version, requests, modes,
                                     rates)  # fmt: skip
+            configure_torch(settings)  # the same thread settings as the worker
             fwd = forward_only(scorer, table, requests[:512], histories,
                                batch=settings.scoring_batch_max)  # fmt: skip
             result["forward_only_rps"] = max(fwd.values())

@@ -44,14 +44,20 @@ class Serving:
 
 
 class RecentIds:
-    """The most recently served item ids (bounded): what a new version's cache is warmed with."""
+    """The most recently served item ids (bounded): what a new version's cache is warmed with.
 
-    def __init__(self, capacity: int) -> None:
+    Only every ``sample_every``-th batch is recorded: a sample of the traffic finds the hot
+    ids just as well, at a fraction of the cost on the hot path."""
+
+    def __init__(self, capacity: int, *, sample_every: int = 8) -> None:
         self._capacity = capacity
         self._ids: OrderedDict[str, None] = OrderedDict()
+        self._every = max(1, sample_every)
+        self._calls = 0
 
     def add(self, ids: Iterable[str]) -> None:
-        if self._capacity <= 0:
+        self._calls += 1
+        if self._capacity <= 0 or (self._calls - 1) % self._every:
             return
         store = self._ids
         for item_id in ids:

@@ -10,6 +10,8 @@ so a request is answered at least once (clients drop duplicate replies).
 from __future__ import annotations
 
 import asyncio
+import collections
+import concurrent.futures
 import contextlib
 import logging
 import time
@@ -96,6 +98,11 @@ class ScoringWorker:
         self.watcher: VersionWatcher | None = None
         self.service: RankService | None = None
         self._stopping = asyncio.Event()
+        # One thread runs the forwards: torch releases the GIL, so the event loop decodes,
+        # fetches and produces the next batch meanwhile (scoring_pipeline_depth batches).
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="scoring-forward"
+        )
         self.batches = 0
 
     async def start(self) -> None:
@@ -128,6 +135,7 @@ class ScoringWorker:
             forward_mode=s.scoring_forward,
             log_served=s.served_log_topic is not None,
             recent=recent,
+            executor=self._executor,
         )
         try:
             await self.watcher.refresh()
@@ -169,6 +177,7 @@ class ScoringWorker:
                     await client.stop()
         if self._redis is not None:
             await self._redis.aclose()
+        self._executor.shutdown(wait=False)
         self._consumer = self._producer = self._redis = None
 
     async def __aenter__(self) -> ScoringWorker:
@@ -197,14 +206,38 @@ class ScoringWorker:
         return records
 
     async def run(self) -> None:
-        """Consume until :meth:`request_stop` (or cancellation)."""
-        while not self._stopping.is_set():
-            records = await self._next_batch()
-            if records:
-                await self.process(records)
+        """Consume until :meth:`request_stop` (or cancellation).
 
-    async def process(self, records: Sequence[ConsumerRecord[Any, Any]]) -> None:
-        """Answer one batch of records, then commit their offsets."""
+        Up to ``scoring_pipeline_depth`` micro-batches are in flight, so one batch's forward
+        (in the scorer thread) overlaps the next one's decoding and Redis round trips. Offsets
+        are still committed in order: a batch commits only after the one before it did.
+        """
+        inflight: collections.deque[asyncio.Task[bool]] = collections.deque()
+        try:
+            while not self._stopping.is_set():
+                while inflight and inflight[0].done():
+                    inflight.popleft().result()
+                if len(inflight) >= self.settings.scoring_pipeline_depth:
+                    await asyncio.wait({inflight[0]})
+                    continue
+                records = await self._next_batch()
+                if records:
+                    previous = inflight[-1] if inflight else None
+                    inflight.append(asyncio.create_task(self.process(records, after=previous)))
+            while inflight:
+                await inflight.popleft()
+        finally:
+            for task in inflight:
+                task.cancel()
+
+    async def process(
+        self,
+        records: Sequence[ConsumerRecord[Any, Any]],
+        *,
+        after: asyncio.Task[bool] | None = None,
+    ) -> bool:
+        """Answer one batch of records, then (once ``after``, the batch before, committed)
+        commit their offsets. False when the batch was rewound to be answered again."""
         assert (
             self.service is not None and self._producer is not None and self._consumer is not None
         )
@@ -252,14 +285,18 @@ class ScoringWorker:
                         orjson.dumps(item.served),
                     )
                 )
-        if not await self._produce(outgoing, records):
-            return
+        produced = await self._produce(outgoing, records)
+        if after is not None and not await after:
+            return False  # the batch before was rewound: these records come again too
+        if not produced:
+            return False
         acked = time.time() * 1000
         for incoming in valid:
             self.metrics.latency.observe(max(0.0, acked - incoming.produced_ms) / 1000.0)
         self.metrics.batch_size.observe(len(records))
         await self._commit(records)
         self.batches += 1
+        return True
 
     def _reply(self, topic: str, result: RankResult) -> _Outgoing:
         error = replies.is_error_reply(result)

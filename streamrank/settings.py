@@ -186,6 +186,12 @@ class Settings(BaseSettings):
         description="Longest a broker may hold a fetch of the scoring worker or RankClient "
         "(the embedded Tansu broker always holds it this long: it bounds the latency per hop).",
     )
+    scoring_pipeline_depth: int = Field(
+        2,
+        ge=1,
+        description="Micro-batches in flight in a scoring worker: one batch's forward (on the "
+        "scorer thread) overlaps the next one's Kafka and Redis work; offsets commit in order.",
+    )
     scoring_poll_s: float = Field(
         1.0, gt=0, description="How often the scoring worker polls the model version pointers."
     )
