@@ -29,6 +29,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "streamrank.cli_stack",
     "streamrank.demo",
     "streamrank.bench",
+    "scoring.cli_model",
 )
 
 
