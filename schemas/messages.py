@@ -111,7 +111,14 @@ class DeadLetter:
 
     @classmethod
     def wrap(
-        cls, raw: bytes | None, *, source_topic: str, partition: int, offset: int, error: str, at: int
+        cls,
+        raw: bytes | None,
+        *,
+        source_topic: str,
+        partition: int,
+        offset: int,
+        error: str,
+        at: int,
     ) -> DeadLetter:
         """Keep the original bytes: as text when they are valid UTF-8, else base64."""
         raw = raw or b""
@@ -147,9 +154,7 @@ def _load_object(raw: bytes | str, limits: Limits) -> dict[str, Any]:
     except orjson.JSONDecodeError as exc:
         raise ContractError(f"not valid UTF-8 JSON: {exc}", reason="not_json") from None
     if not isinstance(obj, dict):
-        raise ContractError(
-            f"expected a JSON object, got {_json_type(obj)}", reason="not_object"
-        )
+        raise ContractError(f"expected a JSON object, got {_json_type(obj)}", reason="not_object")
     return obj
 
 
@@ -181,7 +186,9 @@ def _id(obj: dict[str, Any], name: str, limits: Limits, *, required: bool = True
 def _check_id(value: Any, name: str, limits: Limits) -> str:
     if not isinstance(value, str):
         raise ContractError(
-            f"field '{name}' must be a string, got {_json_type(value)}", field=name, reason="bad_type"
+            f"field '{name}' must be a string, got {_json_type(value)}",
+            field=name,
+            reason="bad_type",
         )
     if not value:
         raise ContractError(f"field '{name}' must not be empty", field=name, reason="bad_value")
@@ -308,11 +315,15 @@ def decode_result(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> RankResu
             raise ContractError(f"field '{name}' must be a string", field=name, reason="bad_type")
     items, scores = obj.get("items"), obj.get("scores")
     if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-        raise ContractError("field 'items' must be an array of strings", field="items", reason="bad_type")
+        raise ContractError(
+            "field 'items' must be an array of strings", field="items", reason="bad_type"
+        )
     if not isinstance(scores, list) or not all(
         isinstance(s, int | float) and not isinstance(s, bool) for s in scores
     ):
-        raise ContractError("field 'scores' must be an array of numbers", field="scores", reason="bad_type")
+        raise ContractError(
+            "field 'scores' must be an array of numbers", field="scores", reason="bad_type"
+        )
     if len(scores) != len(items):
         raise ContractError(
             f"field 'scores' has {len(scores)} entries but 'items' has {len(items)}",
@@ -320,13 +331,19 @@ def decode_result(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> RankResu
             reason="bad_value",
         )
     if not isinstance(obj.get("degraded"), bool):
-        raise ContractError("field 'degraded' must be a boolean", field="degraded", reason="bad_type")
+        raise ContractError(
+            "field 'degraded' must be a boolean", field="degraded", reason="bad_type"
+        )
     reason = obj.get("reason")
     if reason is not None and not isinstance(reason, str):
-        raise ContractError("field 'reason' must be a string or null", field="reason", reason="bad_type")
+        raise ContractError(
+            "field 'reason' must be a string or null", field="reason", reason="bad_type"
+        )
     timings = obj.get("timings_ms")
     if not isinstance(timings, dict):
-        raise ContractError("field 'timings_ms' must be an object", field="timings_ms", reason="bad_type")
+        raise ContractError(
+            "field 'timings_ms' must be an object", field="timings_ms", reason="bad_type"
+        )
     return RankResult(
         request_id=obj["request_id"],
         user_id=obj["user_id"],
@@ -342,14 +359,18 @@ def decode_result(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> RankResu
 
 def decode_dead_letter(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> DeadLetter:
     """Parse one DeadLetter (used by tooling and tests)."""
-    obj = _load_object(raw, Limits(limits.max_message_bytes * 2, limits.max_items, limits.max_id_length))
+    obj = _load_object(
+        raw, Limits(limits.max_message_bytes * 2, limits.max_items, limits.max_id_length)
+    )
     for name in ("source_topic", "error", "payload"):
         if not isinstance(obj.get(name), str):
             raise ContractError(f"field '{name}' must be a string", field=name, reason="bad_type")
     encoding = obj.get("payload_encoding", "utf-8")
     if encoding not in ("utf-8", "base64"):
         raise ContractError(
-            "field 'payload_encoding' must be 'utf-8' or 'base64'", field="payload_encoding", reason="bad_value"
+            "field 'payload_encoding' must be 'utf-8' or 'base64'",
+            field="payload_encoding",
+            reason="bad_value",
         )
     return DeadLetter(
         source_topic=obj["source_topic"],

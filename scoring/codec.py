@@ -54,7 +54,9 @@ def encode_rows(matrix: npt.ArrayLike, encoding: str) -> npt.NDArray[np.uint8]:
         return rows.astype("<f2").view(np.uint8).reshape(n, -1)
     scale = np.abs(rows).max(axis=1) / _INT8_MAX  # [n]
     safe = np.where(scale > 0, scale, 1.0).astype(np.float32)  # [n]; all-zero rows keep scale 0
-    codes = np.clip(np.rint(rows / safe[:, None]), -_INT8_MAX, _INT8_MAX).astype(np.int8)  # [n, dim]
+    codes = np.clip(np.rint(rows / safe[:, None]), -_INT8_MAX, _INT8_MAX).astype(
+        np.int8
+    )  # [n, dim]
     out = np.empty((n, 4 + rows.shape[1]), dtype=np.uint8)  # [n, 4 + dim]
     out[:, :4] = scale.astype("<f4").view(np.uint8).reshape(n, 4)
     out[:, 4:] = codes.view(np.uint8)

@@ -15,7 +15,10 @@ from streamrank.settings import Settings
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "streams": ("streams.bench", "feature worker throughput and click-to-visible latency"),
-    "embeddings": ("scoring.bench_embeddings", "embedding store memory, cache hit rates, lookup latency"),
+    "embeddings": (
+        "scoring.bench_embeddings",
+        "embedding store memory, cache hit rates, lookup latency",
+    ),
     "scoring": ("scoring.bench_scoring", "end-to-end ranking throughput and latency"),
 }
 

@@ -77,7 +77,11 @@ def register(sub: Any) -> None:
     stack.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for `up`")
     stack.set_defaults(
         func=_stack,
-        setting_flags={"kafka_port": "stack_kafka_port", "redis_port": "stack_redis_port", "run_dir": "run_dir"},
+        setting_flags={
+            "kafka_port": "stack_kafka_port",
+            "redis_port": "stack_redis_port",
+            "run_dir": "run_dir",
+        },
     )
 
     topics = sub.add_parser("topics", help="manage the engine's topics")

@@ -7,7 +7,6 @@ stages that exist and prints what flows through them. On exit it stops exactly w
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import logging
 import random
@@ -22,7 +21,9 @@ from streamrank.settings import Settings
 logger = logging.getLogger(__name__)
 
 
-def synthetic_clicks(n: int, *, users: int, items: int, seed: int, start_ms: int) -> list[ClickEvent]:
+def synthetic_clicks(
+    n: int, *, users: int, items: int, seed: int, start_ms: int
+) -> list[ClickEvent]:
     """Zipf-skewed clicks over ``users`` x ``items`` with increasing event time."""
     rng = random.Random(seed)
     categories = ("action", "comedy", "drama", "horror", "romance", "sci-fi")
@@ -60,10 +61,16 @@ async def _kafka_roundtrip(settings: Settings, *, duration_s: float | None, rate
     try:
         while duration_s is None or time.monotonic() - started < duration_s:
             batch = synthetic_clicks(
-                max(1, int(rate)), users=100, items=1000, seed=seed + produced, start_ms=int(time.time() * 1000)
+                max(1, int(rate)),
+                users=100,
+                items=1000,
+                seed=seed + produced,
+                start_ms=int(time.time() * 1000),
             )
             for event in batch:
-                await producer.send(settings.topic_clicks, event.to_json(), key=event.user_id.encode())
+                await producer.send(
+                    settings.topic_clicks, event.to_json(), key=event.user_id.encode()
+                )
             await producer.flush()
             produced += len(batch)
             records = await consumer.getmany(timeout_ms=1000)
@@ -88,6 +95,7 @@ async def run_demo(settings: Settings, *, duration_s: float | None, rate: float)
 
 
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
+    from streamrank.cli import run_until_signalled
     from streamrank.cli_stack import stack_from
 
     stack = stack_from(settings)
@@ -99,13 +107,14 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
     else:
         print("demo: using the stack that is already up")
     status = stack.status()
-    print(f"kafka {status['kafka']['bootstrap']} up={status['kafka']['up']}; "
-          f"redis {status['redis']['url']} up={status['redis']['up']}")
+    print(
+        f"kafka {status['kafka']['bootstrap']} up={status['kafka']['up']}; "
+        f"redis {status['redis']['url']} up={status['redis']['up']}"
+    )
     print("demo: running; press Ctrl-C to stop")
     try:
-        asyncio.run(run_demo(settings, duration_s=args.duration, rate=args.rate))
-    except KeyboardInterrupt:
-        print("\ndemo: interrupted, shutting down")
+        run_until_signalled(run_demo(settings, duration_s=args.duration, rate=args.rate))
+        print("\ndemo: shutting down")
     finally:
         if we_started:
             with contextlib.suppress(KeyboardInterrupt):
@@ -116,6 +125,8 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
 
 def register(sub: Any) -> None:
     demo = sub.add_parser("demo", help="run the whole pipeline on the embedded stack")
-    demo.add_argument("--duration", type=float, default=None, help="seconds to run (default: until Ctrl-C)")
+    demo.add_argument(
+        "--duration", type=float, default=None, help="seconds to run (default: until Ctrl-C)"
+    )
     demo.add_argument("--rate", type=float, default=200.0, help="clicks produced per second")
     demo.set_defaults(func=_demo)

@@ -13,21 +13,33 @@ key                             type    contents
                                         Capped at ``sequence_length``, TTL ``sequence_ttl_s``.
 ``sr:seen:{event_id}``          string  "1" once an event's effects are applied (dedupe for
                                         at-least-once replays); TTL ``dedupe_ttl_s``.
-``sr:cnt:{scope}:{id}:{res}:{bucket}``
-                                hash    windowed counters of one entity in one time bucket;
-                                        ``scope`` is ``u`` (user) or ``i`` (item), ``res`` the
-                                        bucket resolution in seconds, ``bucket`` the bucket start
-                                        (epoch s). Fields: ``n`` (events) and ``c:{category}``.
-                                        Each bucket key expires by itself once no window can
-                                        reach it (window + lateness after its end).
+``sr:cnt:u:{user_id}:{res}:{bucket}``
+                                hash    one user's clicks in one time bucket: ``res`` is the
+                                        bucket size in seconds (``counter_bucket_s`` for the 1 h
+                                        window, ``counter_coarse_bucket_s`` for 24 h),
+                                        ``bucket`` the bucket start (epoch s). Fields: ``n``
+                                        (clicks); coarse buckets also ``c:{category}``.
+``sr:cnt:i:{res}:{bucket}``     hash    every item's clicks in one time bucket: field = item
+                                        id, value = clicks (one HMGET per bucket answers a
+                                        whole candidate list).
+                                        Counter buckets expire by themselves (PEXPIREAT) once
+                                        no window can reach them: bucket end + window +
+                                        ``counter_lateness_s``.
 ``sr:emb:{version}:{table}:meta``
                                 hash    embedding table metadata: dim, encoding, rows, buckets,
-                                        the OOV row (encoded), published_at.
+                                        oov (the encoded OOV row), published_at, publish_id.
+                                        Written last: a table without it is not published.
 ``sr:emb:{version}:{table}:{bucket}``
                                 hash    encoded rows: field = raw id, value = encoded row bytes;
-                                        ``bucket`` = stable hash of the id modulo the bucket count,
-                                        small enough for Redis' compact listpack encoding.
-``sr:emb:versions``             set     published model versions.
+                                        ``bucket`` (decimal) = scoring.bucketing.bucket_of(id,
+                                        buckets): stable hash of the id modulo the bucket count,
+                                        chosen so every bucket stays in Redis' compact
+                                        ziplist/listpack encoding. Never expires: deleted with
+                                        its version (``streamrank embeddings delete``).
+``sr:emb:versions``             set     published embedding versions (members = version names).
+                                        Version and table names match ``[A-Za-z0-9][A-Za-z0-9._-]*``
+                                        (no ``:`` and no glob characters), so the SCAN pattern
+                                        ``sr:emb:{version}:*`` matches exactly one version's keys.
 ``sr:model:active``             string  the serving model version (``streamrank activate``).
 ``sr:model:split``              string  optional canary split, e.g. ``din-a:0.9,din-b:0.1``.
 ``sr:model:{version}:dense``    string  the version's dense weights (safetensors bytes), written
@@ -54,9 +66,14 @@ def seen(event_id: str) -> str:
     return f"{PREFIX}:seen:{event_id}"
 
 
-def counter_bucket(scope: str, entity_id: str, resolution_s: int, bucket_start_s: int) -> str:
-    """One time bucket of an entity's windowed counters (scope ``u`` or ``i``)."""
-    return f"{PREFIX}:cnt:{scope}:{entity_id}:{resolution_s}:{bucket_start_s}"
+def user_counter_bucket(user_id: str, resolution_s: int, bucket_start_s: int) -> str:
+    """One time bucket of a user's windowed counters."""
+    return f"{PREFIX}:cnt:u:{user_id}:{resolution_s}:{bucket_start_s}"
+
+
+def item_counter_bucket(resolution_s: int, bucket_start_s: int) -> str:
+    """One time bucket of all items' click counters (field = item id)."""
+    return f"{PREFIX}:cnt:i:{resolution_s}:{bucket_start_s}"
 
 
 def embedding_meta(version: str, table: str) -> str:
@@ -66,7 +83,27 @@ def embedding_meta(version: str, table: str) -> str:
 
 def embedding_bucket(version: str, table: str, bucket: int) -> str:
     """One hash bucket of encoded rows of one embedding table."""
-    return f"{PREFIX}:emb:{version}:{table}:{bucket}"
+    return f"{embedding_bucket_prefix(version, table)}{bucket}"
+
+
+def embedding_bucket_prefix(version: str, table: str) -> str:
+    """What precedes the decimal bucket number in a bucket key (the fetch script appends it)."""
+    return f"{PREFIX}:emb:{version}:{table}:"
+
+
+def embedding_version_pattern(version: str) -> str:
+    """SCAN MATCH pattern of every key of one embedding version (names carry no glob characters)."""
+    return f"{PREFIX}:emb:{version}:*"
+
+
+def embedding_table_pattern(version: str, table: str) -> str:
+    """SCAN MATCH pattern of every key (rows and meta) of one table of one embedding version."""
+    return f"{PREFIX}:emb:{version}:{table}:*"
+
+
+def embedding_meta_pattern(version: str) -> str:
+    """SCAN MATCH pattern of the metadata keys of one embedding version's tables."""
+    return f"{PREFIX}:emb:{version}:*:meta"
 
 
 def embedding_versions() -> str:
@@ -82,6 +119,16 @@ def active_model() -> str:
 def model_split() -> str:
     """The optional canary traffic split."""
     return f"{PREFIX}:model:split"
+
+
+def sequence_member(event_id: str, item_id: str, category: str | None) -> str:
+    """The member of one event in ``sr:seq:{user_id}`` (category ``None`` is stored empty)."""
+    return f"{event_id}{FIELD_SEP}{item_id}{FIELD_SEP}{category or ''}"
+
+
+def category_field(category: str) -> str:
+    """The field of one category's count in a coarse user counter bucket."""
+    return f"c:{category}"
 
 
 def model_dense(version: str) -> str:

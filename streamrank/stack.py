@@ -162,7 +162,9 @@ def kafka_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
     from aiokafka.client import AIOKafkaClient
 
     async def probe() -> bool:
-        client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+        client = AIOKafkaClient(
+            bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000)
+        )
         try:
             await asyncio.wait_for(client.bootstrap(), timeout_s)
             return True
@@ -246,7 +248,9 @@ class EmbeddedStack:
         started: list[str] = []
         for spec in self._specs():
             if self._running_pid(spec) is not None:
-                logger.info("%s already running (pid file %s)", spec.name, self._pid_file(spec.name))
+                logger.info(
+                    "%s already running (pid file %s)", spec.name, self._pid_file(spec.name)
+                )
                 continue
             if port_in_use(spec.port):
                 raise StackError(

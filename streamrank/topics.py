@@ -36,7 +36,9 @@ async def create_topics(
     try:
         existing = set(await admin.list_topics())
         wanted = [
-            NewTopic(name, partitions, settings.topic_replication) for name in names if name not in existing
+            NewTopic(name, partitions, settings.topic_replication)
+            for name in names
+            if name not in existing
         ]
         result = {name: "exists" for name in names if name in existing}
         if wanted:
@@ -47,8 +49,12 @@ async def create_topics(
                 elif code == _TOPIC_ALREADY_EXISTS:
                     result[topic] = "exists"
                 else:
-                    raise StreamrankError(f"could not create topic {topic!r}: error {code}: {message}")
-        for description in await admin.describe_topics([n for n, s in result.items() if s == "exists"]):
+                    raise StreamrankError(
+                        f"could not create topic {topic!r}: error {code}: {message}"
+                    )
+        for description in await admin.describe_topics(
+            [n for n, s in result.items() if s == "exists"]
+        ):
             count = len(description.get("partitions", []))
             if count and count != partitions:
                 logger.warning(

@@ -1,0 +1,16 @@
+# streamrank worker image: one image, the command picks the worker kind.
+FROM python:3.11-slim
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+WORKDIR /app
+# torch first, pinned to the CPU build (an unpinned torch pulls a multi-GB CUDA build).
+RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
+COPY pyproject.toml README.md ./
+COPY streamrank ./streamrank
+COPY streams ./streams
+COPY scoring ./scoring
+COPY schemas ./schemas
+RUN pip install . && useradd --uid 10001 streamrank
+USER streamrank
+EXPOSE 9464 9465
+ENTRYPOINT ["streamrank"]
+CMD ["--help"]

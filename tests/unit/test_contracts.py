@@ -1,0 +1,206 @@
+"""The Python decoders and the JSON Schema files accept and reject the same messages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jsonschema
+import orjson
+import pytest
+
+from schemas import (
+    DEFAULT_LIMITS,
+    ClickEvent,
+    DeadLetter,
+    Limits,
+    RankResult,
+    decode_click,
+    decode_dead_letter,
+    decode_request,
+    decode_result,
+    json_schema,
+    peek_request_id,
+)
+from streamrank.errors import ContractError
+
+CLICK: dict[str, Any] = {
+    "event_id": "e1",
+    "user_id": "u1",
+    "item_id": "i1",
+    "category": "drama",
+    "action": "view",
+    "ts": 1_700_000_000_000,
+}
+REQUEST: dict[str, Any] = {
+    "request_id": "r1",
+    "user_id": "u1",
+    "items": ["a", "b"],
+    "context": {"page": "home"},
+    "deadline_ms": 1_700_000_000_050,
+    "reply_to": "my-replies",
+}
+RESULT: dict[str, Any] = {
+    "request_id": "r1",
+    "user_id": "u1",
+    "items": ["a", "b"],
+    "scores": [0.5, 0.25],
+    "model_version": "din-x",
+    "degraded": False,
+    "reason": None,
+    "timings_ms": {"total": 3.5},
+    "served_at": 1_700_000_000_010,
+}
+LETTER: dict[str, Any] = {
+    "source_topic": "clicks",
+    "partition": 2,
+    "offset": 17,
+    "error": "bad",
+    "payload": "{}",
+    "at": 1,
+}
+
+
+def with_(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in changes.items():
+        if value is _DROP:
+            out.pop(key, None)
+        else:
+            out[key] = value
+    return out
+
+
+_DROP = object()
+LONG = "x" * (DEFAULT_LIMITS.max_id_length + 1)
+
+# (message type, document, valid?)
+CORPUS: list[tuple[str, Any, bool]] = [
+    ("ClickEvent", CLICK, True),
+    ("ClickEvent", with_(CLICK, category=None, action=_DROP), True),
+    ("ClickEvent", with_(CLICK, category=_DROP), True),
+    ("ClickEvent", with_(CLICK, extra_field={"a": 1}), True),
+    ("ClickEvent", with_(CLICK, ts=1.7e12), True),
+    ("ClickEvent", with_(CLICK, ts="1700000000000"), False),
+    ("ClickEvent", with_(CLICK, ts=1.5), False),
+    ("ClickEvent", with_(CLICK, ts=-1), False),
+    ("ClickEvent", with_(CLICK, ts=True), False),
+    ("ClickEvent", with_(CLICK, ts=None), False),
+    ("ClickEvent", with_(CLICK, ts=_DROP), False),
+    ("ClickEvent", with_(CLICK, event_id=_DROP), False),
+    ("ClickEvent", with_(CLICK, user_id=7), False),
+    ("ClickEvent", with_(CLICK, user_id=""), False),
+    ("ClickEvent", with_(CLICK, item_id=LONG), False),
+    ("ClickEvent", with_(CLICK, item_id="a\x1fb"), False),
+    ("ClickEvent", with_(CLICK, category=3), False),
+    ("ClickEvent", with_(CLICK, action="like"), False),
+    ("ClickEvent", with_(CLICK, action=None), False),
+    ("ClickEvent", [CLICK], False),
+    ("ClickEvent", "click", False),
+    ("ClickEvent", {"user_id": "ü-ñ", "event_id": "é", "item_id": "漢字", "ts": 0}, True),
+    ("RankRequest", REQUEST, True),
+    ("RankRequest", with_(REQUEST, context=None, deadline_ms=None, reply_to=None), True),
+    ("RankRequest", with_(REQUEST, context=_DROP, deadline_ms=_DROP, reply_to=_DROP), True),
+    ("RankRequest", with_(REQUEST, items=["a"] * DEFAULT_LIMITS.max_items), True),
+    ("RankRequest", with_(REQUEST, items=["a"] * (DEFAULT_LIMITS.max_items + 1)), False),
+    ("RankRequest", with_(REQUEST, items=[]), False),
+    ("RankRequest", with_(REQUEST, items="a,b"), False),
+    ("RankRequest", with_(REQUEST, items=["a", 2]), False),
+    ("RankRequest", with_(REQUEST, items=["a", LONG]), False),
+    ("RankRequest", with_(REQUEST, items=_DROP), False),
+    ("RankRequest", with_(REQUEST, request_id=_DROP), False),
+    ("RankRequest", with_(REQUEST, context=[1]), False),
+    ("RankRequest", with_(REQUEST, deadline_ms="soon"), False),
+    ("RankRequest", with_(REQUEST, deadline_ms=-5), False),
+    ("RankRequest", with_(REQUEST, reply_to=""), False),
+    ("RankResult", RESULT, True),
+    ("RankResult", with_(RESULT, degraded=True, reason="expired", scores=[0, 1]), True),
+    ("RankResult", with_(RESULT, scores=["0.5", 0.1]), False),
+    ("RankResult", with_(RESULT, degraded="no"), False),
+    ("RankResult", with_(RESULT, served_at=_DROP), False),
+    ("RankResult", with_(RESULT, timings_ms=[]), False),
+    ("DeadLetter", LETTER, True),
+    ("DeadLetter", with_(LETTER, payload_encoding="base64", payload="AAE="), True),
+    ("DeadLetter", with_(LETTER, payload_encoding="hex"), False),
+    ("DeadLetter", with_(LETTER, offset=-1), False),
+    ("DeadLetter", with_(LETTER, error=_DROP), False),
+]
+
+DECODERS = {
+    "ClickEvent": decode_click,
+    "RankRequest": decode_request,
+    "RankResult": decode_result,
+    "DeadLetter": decode_dead_letter,
+}
+
+
+@pytest.mark.parametrize(("kind", "document", "valid"), CORPUS)
+def test_python_types_and_json_schema_agree(kind: str, document: Any, valid: bool) -> None:
+    schema = json_schema(kind)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    schema_ok = jsonschema.Draft202012Validator(schema).is_valid(document)
+    try:
+        DECODERS[kind](orjson.dumps(document))
+        python_ok = True
+    except ContractError:
+        python_ok = False
+    assert (schema_ok, python_ok) == (valid, valid)
+
+
+def test_errors_name_the_field_and_the_problem() -> None:
+    with pytest.raises(ContractError, match=r"field 'ts' must be an integer, got string") as info:
+        decode_click(orjson.dumps(with_(CLICK, ts="x")))
+    assert info.value.field == "ts"
+    assert info.value.reason == "bad_type"
+    with pytest.raises(ContractError, match=r"field 'event_id' is missing") as info:
+        decode_click(orjson.dumps(with_(CLICK, event_id=_DROP)))
+    assert info.value.reason == "missing_field"
+    with pytest.raises(
+        ContractError, match=r"field 'items\[1\]' is 129 characters, over the limit of 128"
+    ):
+        decode_request(orjson.dumps(with_(REQUEST, items=["a", LONG])))
+    with pytest.raises(ContractError, match="not valid UTF-8 JSON") as info:
+        decode_click(b"\xff\xfe{")
+    assert info.value.reason == "not_json"
+
+
+def test_decoders_apply_settings_limits() -> None:
+    tight = Limits(max_message_bytes=300, max_items=2, max_id_length=4)
+    with pytest.raises(ContractError, match="over the limit of 300") as info:
+        decode_click(orjson.dumps(with_(CLICK, pad="x" * 400)), tight)
+    assert info.value.reason == "too_large"
+    with pytest.raises(ContractError, match="3 entries, over the limit of 2"):
+        decode_request(orjson.dumps(with_(REQUEST, items=["a", "b", "c"], reply_to=None)), tight)
+    with pytest.raises(ContractError, match="over the limit of 4"):
+        decode_click(orjson.dumps(with_(CLICK, event_id="abcde")), tight)
+
+
+def test_decoded_values_round_trip_through_json() -> None:
+    click = decode_click(orjson.dumps(with_(CLICK, action=_DROP, category=_DROP)))
+    assert click == ClickEvent(event_id="e1", user_id="u1", item_id="i1", ts=1_700_000_000_000)
+    assert decode_click(click.to_json()) == click
+    request = decode_request(orjson.dumps(REQUEST))
+    assert request.items == ("a", "b") and request.deadline_ms == 1_700_000_000_050
+    assert decode_request(request.to_json()) == request
+    result = decode_result(orjson.dumps(RESULT))
+    assert decode_result(result.to_json()) == result
+    assert isinstance(result, RankResult)
+
+
+def test_dead_letter_keeps_the_original_bytes() -> None:
+    text = DeadLetter.wrap(
+        b'{"oops"', source_topic="clicks", partition=1, offset=9, error="e", at=5
+    )
+    assert text.payload_encoding == "utf-8" and text.original_bytes() == b'{"oops"'
+    binary = DeadLetter.wrap(
+        b"\xff\x00\x01", source_topic="clicks", partition=1, offset=9, error="e", at=5
+    )
+    assert binary.payload_encoding == "base64" and binary.original_bytes() == b"\xff\x00\x01"
+    assert decode_dead_letter(binary.to_json()) == binary
+    jsonschema.validate(orjson.loads(binary.to_json()), json_schema("DeadLetter"))
+
+
+def test_peek_request_id_reads_what_it_can() -> None:
+    assert peek_request_id(b'{"request_id": "r9", "items": 5}') == "r9"
+    assert peek_request_id(b"not json") is None
+    assert peek_request_id(b'{"request_id": 5}') is None
+    assert peek_request_id(None) is None
