@@ -21,6 +21,7 @@ Masks are required arguments everywhere; padded positions never change a score (
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -98,7 +99,7 @@ class PReLU(nn.Module):
 def _mlp(sizes: list[int]) -> nn.Sequential:
     """Linear+PReLU stack ending in a Linear to one output."""
     layers: list[nn.Module] = []
-    for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
+    for fan_in, fan_out in itertools.pairwise(sizes):
         layers += [nn.Linear(fan_in, fan_out), PReLU(fan_out)]
     layers.append(nn.Linear(sizes[-1], 1))
     return nn.Sequential(*layers)
@@ -106,6 +107,9 @@ def _mlp(sizes: list[int]) -> nn.Sequential:
 
 class ItemTower(nn.Module):
     """Item vector = [id embedding, mean of the item's category embeddings] (training only)."""
+
+    item_genres: Tensor  # [N, G] buffer
+    genre_weights: Tensor  # [N, G] buffer
 
     def __init__(self, *, n_items: int, item_genres: Tensor, genre_mask: Tensor, n_genres: int,
                  id_dim: int, category_dim: int) -> None:  # fmt: skip

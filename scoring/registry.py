@@ -98,7 +98,7 @@ async def activate_version(redis: aioredis.Redis, version: str) -> str | None:
     await published_config(redis, version)
     await EmbeddingStore(redis=redis).table_meta(version, ITEM_TABLE)  # UnknownVersion if absent
     previous = await redis.set(keys.active_model(), version, get=True)  # SET ... GET: Redis >= 6.2
-    return previous.decode() if isinstance(previous, bytes) else previous
+    return previous.decode() if isinstance(previous, bytes) else None
 
 
 async def active_version(redis: aioredis.Redis) -> str | None:
@@ -116,4 +116,6 @@ async def load_scorer_from_redis(
             f"model version {version!r} is not (fully) published; run `streamrank publish` for it"
         )
     config: dict[str, Any] = json.loads(config_raw)
-    return DinScorer.from_bytes(config, bytes(dense)), config
+    return DinScorer.from_bytes(
+        config, dense if isinstance(dense, bytes) else dense.encode()
+    ), config

@@ -56,7 +56,7 @@ class TrainConfig:
 def seed_everything(seed: int, threads: int) -> None:
     """Deterministic CPU training: fixed seeds, deterministic kernels, fixed thread count."""
     torch.manual_seed(seed)
-    np.random.seed(seed)  # noqa: NPY002 - nothing here uses it, but third-party code might
+    np.random.seed(seed)  # nothing here uses it, but third-party code might
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(threads)
 
@@ -235,7 +235,7 @@ def train_and_evaluate(ds: Dataset, cfg: TrainConfig, *, progress: bool = True) 
             "valid_users": len(split.valid),
             "test_users": len(test),
             "candidates_per_user": int(test.cand.shape[1]),
-        },  # fmt: skip
+        },
         "train_seconds": round(train_s, 1),
         "eval_seconds": round(time.perf_counter() - started - train_s, 1),
     }
@@ -260,19 +260,19 @@ def feature_spec(ds: Dataset, cfg: TrainConfig) -> dict[str, Any]:
             "vector": [
                 f"item_id embedding [{spec.id_dim}]",
                 f"mean of the item's category embeddings [{spec.category_dim}]",
-            ],  # fmt: skip
+            ],
             "oov": "mean of all item vectors",
         },
         "category": {
             "source": "genres" if ds.name != "synthetic" else "planted cluster",
             "combine": "mean",
             "vocabulary": list(ds.genres),
-        },  # fmt: skip
+        },
         "history": {
             "max_len": cfg.history_len,
             "order": "(ts, event_id) ascending, oldest first",
             "event_id": "zero-padded row position in the interaction file",
-        },  # fmt: skip
+        },
         "candidate": "one item vector per candidate; C candidates share one history",
         "profile": None,
         "context": None,
@@ -284,7 +284,7 @@ def write_test_candidates(path: Any, ds: Dataset, result: TrainResult) -> int:
     import orjson
 
     test = result.split.test
-    probs = {
+    probs: dict[str, npt.NDArray[Any]] = {
         "din": result.test_scores["din"],
         "base": 1.0 / (1.0 + np.exp(-result.test_scores["base"].astype(np.float64))),
         "popularity": result.test_scores["popularity"],
@@ -294,10 +294,14 @@ def write_test_candidates(path: Any, ds: Dataset, result: TrainResult) -> int:
         for u in range(len(test)):
             rows = test.hist_rows[u][test.hist_mask[u]].tolist()
             history = [
-                {"event_id": f"{r:08d}", "item_id": items[ds.item_index[r]],
-                 "category": ds.item_category(int(ds.item_index[r])), "ts": int(ds.ts[r]) * 1000}
+                {
+                    "event_id": f"{r:08d}",
+                    "item_id": items[ds.item_index[r]],
+                    "category": ds.item_category(int(ds.item_index[r])),
+                    "ts": int(ds.ts[r]) * 1000,
+                }
                 for r in rows
-            ]  # fmt: skip
+            ]
             line = {
                 "user_id": str(test.user[u]),
                 "items": [items[i] for i in test.cand[u].tolist()],
@@ -333,7 +337,7 @@ def export_artifact(
             "events": ds.n_events,
             "users": len(np.unique(ds.user_ids)),
             "items": len(ds.items),
-        },  # fmt: skip
+        },
         metrics={k: result.metrics[k] for k in ("test", "auc_by_encoding", "goals")},
         train=cfg.to_json(),
     )

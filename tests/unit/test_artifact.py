@@ -13,7 +13,6 @@ import torch
 from scoring.artifact import (
     CONFIG_FILE,
     DENSE_FILE,
-    IDS_FILE,
     ITEMS_FILE,
     load_artifact,
     new_version,
