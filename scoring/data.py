@@ -216,6 +216,8 @@ def load_grouplens(folder: Path) -> Dataset:
 def load_movielens(folder: Path) -> Dataset:
     """Load whichever format ``folder`` holds (RecBole ``ml-100k.inter`` or GroupLens ``u.data``)."""
     folder = Path(folder)
+    if not (folder / "ml-100k.inter").exists() and (folder / "ml-100k").is_dir():
+        folder = folder / "ml-100k"  # given the datasets root
     if (folder / "ml-100k.inter").exists():
         return load_recbole(folder)
     if (folder / "u.data").exists():
