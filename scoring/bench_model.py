@@ -10,6 +10,7 @@ medians over ``--repeats`` timed runs; the same run also checks that the two agr
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from pathlib import Path
@@ -55,6 +56,12 @@ def _time(fn: Any, *, seconds: float, repeats: int) -> float:
     return statistics.median(runs)
 
 
+def _plain(net: DIN, hist: torch.Tensor, mask: torch.Tensor, cands: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        result: torch.Tensor = net(hist, mask, cands)
+        return result
+
+
 def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     torch.set_num_threads(settings.torch_threads)
     if args.artifact is not None:
@@ -82,12 +89,8 @@ def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
         flat_mask = mask.repeat_interleave(c, 0)  # [B*C, L]
         flat_cands = cands.reshape(b * c, d)  # [B*C, d]
 
-        def straightforward() -> torch.Tensor:
-            with torch.inference_mode():
-                return net(flat_hist, flat_mask, flat_cands)
-
-        def split() -> torch.Tensor:
-            return scorer.score_logits(hist, mask, cands)
+        straightforward = functools.partial(_plain, net, flat_hist, flat_mask, flat_cands)
+        split = functools.partial(scorer.score_logits, hist, mask, cands)
 
         diff = float((straightforward().view(b, c) - split()).abs().max())
         t_plain = _time(straightforward, seconds=args.seconds, repeats=args.repeats)
