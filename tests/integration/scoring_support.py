@@ -69,10 +69,9 @@ async def offline_scores(
     redis: aioredis.Redis, version: str, history: Sequence[str], items: Sequence[str]
 ) -> np.ndarray:
     """The same version's scores computed outside the worker: store rows + DinScorer, B=1."""
-    from scoring.registry import load_scorer_from_redis
-
     from scoring.batch import assemble, gather
     from scoring.embedding_store import EmbeddingStore
+    from scoring.registry import load_scorer_from_redis
 
     scorer, _ = await load_scorer_from_redis(redis, version)
     batch = assemble([list(history)], [list(items)], max_history=max(1, len(history)))
