@@ -239,71 +239,74 @@ class TinyLfuPolicy(Generic[K, V]):
             self._probation_used += s
 
     def put_many(self, keys: Sequence[K], values: Sequence[V]) -> None:
+        # Hot path (every batch with misses): segment sizes live in locals until the end.
         size_of = self.size_of
-        window = self._window
+        window, probation, protected = self._window, self._probation, self._protected
+        window_used = self._window_used
         for k, v in zip(keys, values, strict=True):
-            if k in window or k in self._probation or k in self._protected:
+            if k in window or k in probation or k in protected:
                 continue  # filled by a concurrent lookup meanwhile
             size = size_of(v)
             if size > self.capacity:
                 continue
             window[k] = v
-            self._window_used += size
-            self.used += size
+            window_used += size
         # Entries pushed out of the window, oldest first: each duels main's victim in turn.
         candidates: list[tuple[K, V, int]] = []
-        while self._window_used > self.window_cap and window:
+        while window_used > self.window_cap and window:
             ck, cv = window.popitem(last=False)
             cs = size_of(cv)
-            self._window_used -= cs
-            self.used -= cs
+            window_used -= cs
             candidates.append((ck, cv, cs))
-        if not candidates:
-            return
-        # Batch the sketch reads: the candidates, and as many probation victims (in LRU order;
-        # admitted candidates join at the MRU end, so they cannot be among them).
-        freqs = self.sketch.estimate_many([c[0] for c in candidates])
-        victims = list(itertools.islice(self._probation, len(candidates)))
-        victim_freqs = dict(zip(victims, self.sketch.estimate_many(victims), strict=True))
+        self._window_used = window_used
+        if candidates:
+            self._admit_all(candidates)
+        self.used = window_used + self._probation_used + self._protected_used
+
+    def _admit_all(self, candidates: list[tuple[K, V, int]]) -> None:
+        """Each candidate enters main only if it beats main's victim(s) on frequency.
+
+        The sketch is read in two batches: the candidates, and as many probation victims in
+        LRU order (admitted candidates join at the MRU end, so they are never among them).
+        """
+        size_of = self.size_of
+        probation, protected = self._probation, self._protected
+        sketch = self.sketch
+        victims = list(itertools.islice(probation, len(candidates)))
+        both = sketch.estimate_many([c[0] for c in candidates] + victims)  # one vectorised read
+        freqs = both[: len(candidates)]
+        known = dict(zip(victims, both[len(candidates) :], strict=True))
+        main_cap = self.main_cap
+        probation_used, protected_used = self._probation_used, self._protected_used
+        evictions = 0
         for (ck, cv, cs), freq in zip(candidates, freqs, strict=True):
-            self._admit(ck, cv, cs, freq, victim_freqs)
+            if cs > main_cap:
+                evictions += 1
+                continue
+            admitted = True
+            while probation_used + protected_used + cs > main_cap:
+                segment = probation if probation else protected
+                vk = next(iter(segment))
+                victim_freq = known.get(vk)
+                if victim_freq is None:
+                    victim_freq = sketch.estimate(vk)
+                evictions += 1
+                if victim_freq >= freq:
+                    admitted = False  # the candidate loses: dropped
+                    break
+                vs = size_of(segment.pop(vk))
+                if segment is probation:
+                    probation_used -= vs
+                else:
+                    protected_used -= vs
+            if admitted:
+                probation[ck] = cv
+                probation_used += cs
+        self._probation_used, self._protected_used = probation_used, protected_used
+        self.evictions += evictions
 
     def _main_used(self) -> int:
         return self._probation_used + self._protected_used
-
-    def _victim_segment(self) -> OrderedDict[K, V] | None:
-        if self._probation:
-            return self._probation
-        if self._protected:
-            return self._protected
-        return None
-
-    def _admit(self, key: K, value: V, size: int, freq: int, known: dict[K, int]) -> None:
-        """The window's victim enters main only if it beats main's victim(s) on frequency."""
-        if size > self.main_cap:
-            self.evictions += 1
-            return
-        while self._main_used() + size > self.main_cap:
-            segment = self._victim_segment()
-            assert segment is not None  # main is over budget, so it holds something
-            vk = next(iter(segment))
-            victim_freq = known.get(vk)
-            if victim_freq is None:
-                victim_freq = self.sketch.estimate(vk)
-            if victim_freq >= freq:
-                self.evictions += 1  # the candidate loses: dropped
-                return
-            vv = segment.pop(vk)
-            vs = self.size_of(vv)
-            if segment is self._probation:
-                self._probation_used -= vs
-            else:
-                self._protected_used -= vs
-            self.used -= vs
-            self.evictions += 1
-        self._probation[key] = value
-        self._probation_used += size
-        self.used += size
 
     def preload(self, keys: Sequence[K], values: Sequence[V]) -> int:
         """Insert into the main segment while there is room, never evicting; counts as one access."""
