@@ -32,6 +32,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "streamrank.bench",
     "streamrank.cli_settings",
     "scoring.cli_embeddings",
+    "streams.cli",
 )
 
 
@@ -42,6 +43,17 @@ def print_json(value: Any) -> None:
     )
     sys.stdout.write("\n")
     sys.stdout.flush()
+
+
+def worker_kinds(sub: Any) -> Any:
+    """The subparsers of ``streamrank worker KIND``, shared by the areas that add a worker kind."""
+    worker = sub.choices.get("worker")
+    if worker is None:
+        worker = sub.add_parser("worker", help="run a worker process (features, scoring)")
+        kinds = worker.add_subparsers(dest="worker_kind", metavar="KIND")
+        kinds.required = True
+        worker.kinds = kinds
+    return worker.kinds
 
 
 def run_async(coro: Any) -> Any:

@@ -13,13 +13,18 @@ key                             type    contents
                                         Capped at ``sequence_length``, TTL ``sequence_ttl_s``.
 ``sr:seen:{event_id}``          string  "1" once an event's effects are applied (dedupe for
                                         at-least-once replays); TTL ``dedupe_ttl_s``.
-``sr:cnt:{scope}:{id}:{res}:{bucket}``
-                                hash    windowed counters of one entity in one time bucket;
-                                        ``scope`` is ``u`` (user) or ``i`` (item), ``res`` the
-                                        bucket resolution in seconds, ``bucket`` the bucket start
-                                        (epoch s). Fields: ``n`` (events) and ``c:{category}``.
-                                        Each bucket key expires by itself once no window can
-                                        reach it (window + lateness after its end).
+``sr:cnt:u:{user_id}:{res}:{bucket}``
+                                hash    one user's clicks in one time bucket: ``res`` is the
+                                        bucket size in seconds (``counter_bucket_s`` for the 1 h
+                                        window, ``counter_coarse_bucket_s`` for 24 h),
+                                        ``bucket`` the bucket start (epoch s). Fields: ``n``
+                                        (clicks); coarse buckets also ``c:{category}``.
+``sr:cnt:i:{res}:{bucket}``     hash    every item's clicks in one time bucket: field = item
+                                        id, value = clicks (one HMGET per bucket answers a
+                                        whole candidate list).
+                                        Counter buckets expire by themselves (PEXPIREAT) once
+                                        no window can reach them: bucket end + window +
+                                        ``counter_lateness_s``.
 ``sr:emb:{version}:{table}:meta``
                                 hash    embedding table metadata: dim, encoding, rows, buckets,
                                         oov (the encoded OOV row), published_at, publish_id.
@@ -56,9 +61,14 @@ def seen(event_id: str) -> str:
     return f"{PREFIX}:seen:{event_id}"
 
 
-def counter_bucket(scope: str, entity_id: str, resolution_s: int, bucket_start_s: int) -> str:
-    """One time bucket of an entity's windowed counters (scope ``u`` or ``i``)."""
-    return f"{PREFIX}:cnt:{scope}:{entity_id}:{resolution_s}:{bucket_start_s}"
+def user_counter_bucket(user_id: str, resolution_s: int, bucket_start_s: int) -> str:
+    """One time bucket of a user's windowed counters."""
+    return f"{PREFIX}:cnt:u:{user_id}:{resolution_s}:{bucket_start_s}"
+
+
+def item_counter_bucket(resolution_s: int, bucket_start_s: int) -> str:
+    """One time bucket of all items' click counters (field = item id)."""
+    return f"{PREFIX}:cnt:i:{resolution_s}:{bucket_start_s}"
 
 
 def embedding_meta(version: str, table: str) -> str:
@@ -104,3 +114,13 @@ def active_model() -> str:
 def model_split() -> str:
     """The optional canary traffic split."""
     return f"{PREFIX}:model:split"
+
+
+def sequence_member(event_id: str, item_id: str, category: str | None) -> str:
+    """The member of one event in ``sr:seq:{user_id}`` (category ``None`` is stored empty)."""
+    return f"{event_id}{FIELD_SEP}{item_id}{FIELD_SEP}{category or ''}"
+
+
+def category_field(category: str) -> str:
+    """The field of one category's count in a coarse user counter bucket."""
+    return f"c:{category}"

@@ -104,6 +104,29 @@ class Settings(BaseSettings):
     features_batch_within_s: float = Field(
         0.05, gt=0, description="Max wait to fill a click batch."
     )
+    counter_coarse_bucket_s: int = Field(
+        3600, ge=1, description="Coarse bucket size for the 24 h windows (and category counts)."
+    )
+    features_app_id: str = Field(
+        "streamrank-features", description="Faust app id = the features consumer group id."
+    )
+    features_path: Literal["batch", "agent"] = Field(
+        "batch",
+        description="How the Faust worker hands clicks over: 'batch' drains whole fetches from "
+        "Faust's consumer into the batch writer; 'agent' uses a Faust agent stream (slower).",
+    )
+    features_retry_max_s: float = Field(
+        2.0, gt=0, description="Longest back-off between retries while Redis/Kafka is down."
+    )
+    features_fetch_max_wait_ms: int = Field(
+        10,
+        ge=0,
+        description="Longest time the broker may hold a features fetch waiting for data (Faust "
+        "hard-codes 1500 ms, which would add up to that much click-to-visible latency).",
+    )
+    features_commit_interval_s: float = Field(
+        0.5, gt=0, description="How often the features worker commits acked offsets."
+    )
 
     # --- embedding store and cache -----------------------------------------------------------
     embedding_encoding: Literal["fp32", "fp16", "int8"] = Field(

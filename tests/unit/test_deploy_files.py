@@ -62,7 +62,9 @@ def test_compose_commands_exist_and_metrics_ports_match() -> None:
         env = compose["services"][kind]["environment"]
         assert env["STREAMRANK_METRICS_PORT"] == str(DEFAULT_PORTS[kind])
     prometheus = load_all(ROOT / "deploy/prometheus/prometheus.yml")[0]
-    ports = {job["job_name"]: job["dns_sd_configs"][0]["port"] for job in prometheus["scrape_configs"]}
+    ports = {
+        job["job_name"]: job["dns_sd_configs"][0]["port"] for job in prometheus["scrape_configs"]
+    }
     assert ports == {f"streamrank-{k}": p for k, p in DEFAULT_PORTS.items()}
 
 

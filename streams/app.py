@@ -1,0 +1,167 @@
+"""The Faust app of the features worker.
+
+Faust owns the consumer group (membership, partition assignment, rebalances) and the offset
+commits; state lives in Redis, so the app has no tables, no changelogs, no leader topic and no
+web server. Two ways to hand records to the batch processor (setting ``features_path``):
+
+- ``batch`` (default): ``BatchConsumer`` replaces Faust's per-message drain loop (which awaits
+  ``wait_first(callback(message), ...)`` per message, then the conductor builds an Event and
+  queues it for the agent's stream) with one that takes each fetch from Faust's consumer as a
+  whole, processes it, and then acks every message of it through Faust's own
+  ``Consumer.ack``, so Faust's commit task commits those offsets: after the Redis write.
+- ``agent``: a Faust agent with ``stream.take_events(n, within)``; take_events acks a batch's
+  events when the agent asks for the next batch, i.e. after ``process`` returned. Costs about
+  150 us of CPU per event in Faust's stream machinery; kept for comparison (see
+  docs/streams.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import faust
+from faust.transport.drivers import aiokafka as faust_aiokafka
+
+from streams.batch import Record
+
+logger = logging.getLogger(__name__)
+
+BatchHandler = Callable[[Sequence[Record]], Awaitable[Any]]
+
+
+class FeaturesConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """Faust's consumer thread with a short broker fetch wait (Faust hard-codes 1500 ms)."""
+
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        consumer._fetch_max_wait_ms = self.app.fetch_max_wait_ms  # type: ignore[attr-defined]
+        return consumer
+
+
+class FeaturesConsumer(faust_aiokafka.Consumer):
+    """Faust's aiokafka consumer; on the ``batch`` path it drains whole fetches into the app's
+    batch handler instead of feeding the conductor message by message."""
+
+    def _new_consumer_thread(self) -> Any:
+        return FeaturesConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    async def _drain_messages(self, fetcher: Any) -> None:
+        if not self.app.use_batch_path:  # type: ignore[attr-defined]
+            await super()._drain_messages(fetcher)
+            return
+        handler: BatchHandler = self.app.batch_handler  # type: ignore[attr-defined]
+        consumer_stopped = self._stopped.is_set
+        fetcher_stopped = fetcher._stopped.is_set
+        read_offset = self._read_offset
+        ack = self.ack
+        while not (consumer_stopped() or fetcher_stopped()):
+            messages = [message async for _tp, message in self.getmany(timeout=1.0)]
+            if not messages:
+                await asyncio.sleep(0)
+                continue
+            for message in messages:
+                tp = message.tp
+                last = read_offset[tp]
+                # Offsets the broker skipped (transaction markers, compaction) count as acked.
+                if last is not None and message.offset > last + 1:
+                    await self._add_gap(tp, last + 1, message.offset - 1)
+                read_offset[tp] = message.offset
+            await handler(
+                [Record(m.topic, m.partition, m.offset, m.key, m.value) for m in messages]
+            )
+            for message in messages:
+                ack(message)
+
+
+class FeaturesTransport(faust_aiokafka.Transport):
+    Consumer = FeaturesConsumer
+
+
+class FeaturesApp(faust.App):
+    """A Faust app with the features consumer (see the module doc)."""
+
+    batch_handler: BatchHandler
+    use_batch_path: bool = True
+    fetch_max_wait_ms: int = 10
+
+    def _new_transport(self) -> Any:
+        return FeaturesTransport(self.conf.broker_consumer, self)
+
+
+def _credentials(settings: Any) -> Any:
+    kwargs = settings.kafka_client_kwargs()
+    if settings.kafka_sasl_mechanism:
+        return faust.SASLCredentials(
+            username=kwargs["sasl_plain_username"],
+            password=kwargs["sasl_plain_password"],
+            ssl_context=kwargs.get("ssl_context"),
+            mechanism=settings.kafka_sasl_mechanism,
+        )
+    if "ssl_context" in kwargs:
+        return faust.SSLCredentials(kwargs["ssl_context"])
+    return None
+
+
+def create_app(settings: Any, *, handler: BatchHandler) -> FeaturesApp:
+    """The features app; ``handler`` applies one batch and returns once it is durable."""
+    brokers = [f"kafka://{host.strip()}" for host in settings.kafka_bootstrap.split(",")]
+    app = FeaturesApp(
+        settings.features_app_id,
+        broker=brokers,
+        broker_credentials=_credentials(settings),
+        autodiscover=False,
+        datadir=str(Path(settings.run_dir) / "faust"),
+        key_serializer="raw",
+        value_serializer="raw",
+        web_enabled=False,
+        topic_disable_leader=True,
+        topic_partitions=settings.topic_partitions,
+        topic_replication_factor=settings.topic_replication,
+        store="memory://",
+        table_standby_replicas=0,
+        consumer_auto_offset_reset="earliest",
+        # A dead worker's partitions move after the session timeout; heartbeats well inside it.
+        broker_session_timeout=6.0,
+        broker_heartbeat_interval=1.0,
+        broker_rebalance_timeout=10.0,
+        broker_request_timeout=30.0,
+        broker_commit_interval=settings.features_commit_interval_s,
+        broker_commit_every=10 * settings.features_batch_size,
+        broker_max_poll_records=settings.features_batch_size,
+        broker_max_poll_interval=300.0,
+        consumer_max_fetch_size=4 * 1024 * 1024,
+        stream_buffer_maxsize=4 * settings.features_batch_size,
+        stream_wait_empty=False,
+        producer_acks=-1,
+    )
+    app.batch_handler = handler
+    app.use_batch_path = settings.features_path == "batch"
+    app.fetch_max_wait_ms = settings.features_fetch_max_wait_ms
+    topic = app.topic(settings.topic_clicks, key_type=bytes, value_type=bytes, acks=True)
+    if settings.features_path == "batch":
+        # Subscribe without an agent: BatchConsumer hands whole fetches to the handler.
+        app.topics.add(topic)
+    else:
+        batch_size, within = settings.features_batch_size, settings.features_batch_within_s
+
+        @app.agent(topic, name="features")
+        async def features(stream: Any) -> None:
+            async for events in stream.take_events(batch_size, within):
+                await handler(
+                    [
+                        Record(
+                            e.message.topic,
+                            e.message.partition,
+                            e.message.offset,
+                            e.message.key,
+                            e.message.value,
+                        )
+                        for e in events
+                    ]
+                )
+
+    return app

@@ -1,0 +1,141 @@
+"""Starting and stopping features workers as child processes (the demo, tests, benchmark)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from streamrank.settings import Settings
+
+
+def settings_env(settings: Settings, *names: str) -> dict[str, str]:
+    """``STREAMRANK_*`` variables that hand ``names`` (plus the endpoints) to a child process."""
+    fields = {"kafka_bootstrap", "redis_url", "run_dir", *names}
+    env: dict[str, str] = {}
+    for name in fields:
+        value = getattr(settings, name)
+        if hasattr(value, "get_secret_value"):
+            value = value.get_secret_value()
+        if isinstance(value, tuple):
+            value = ",".join(value)
+        if value is not None:
+            env[f"STREAMRANK_{name.upper()}"] = str(value)
+    return env
+
+
+@dataclass
+class WorkerHandle:
+    """A running ``streamrank worker features`` child process."""
+
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    _log: IO[bytes]
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Wait until the worker has joined its group and been assigned partitions."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if "Worker ready" in self.log_text():
+                return
+            if not self.alive():
+                raise RuntimeError(f"features worker exited early; log:\n{self.log_text()[-3000:]}")
+            time.sleep(0.1)
+        raise TimeoutError(f"features worker not ready after {timeout_s}s; see {self.log_path}")
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, nothing is flushed or committed."""
+        if self.alive():
+            self.process.kill()
+        self.process.wait(10)
+        self._log.close()
+
+    def stop(self, timeout_s: float = 15.0) -> int:
+        """SIGTERM, then SIGKILL after ``timeout_s``; returns the exit code."""
+        if self.alive():
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        self._log.close()
+        return int(self.process.returncode)
+
+
+def start_features_worker(
+    settings: Settings,
+    *,
+    log_path: Path,
+    extra_env: dict[str, str] | None = None,
+    setting_names: tuple[str, ...] = (),
+) -> WorkerHandle:
+    """Start ``streamrank worker features`` with ``settings`` (endpoints, topics, app id,
+    metrics port and ``setting_names``) handed over through the environment."""
+    names = (
+        "topic_clicks",
+        "topic_dead_letters",
+        "topic_partitions",
+        "features_app_id",
+        "features_path",
+        "features_batch_size",
+        "sequence_length",
+        "metrics_port",
+        "log_level",
+        *setting_names,
+    )
+    env = {**os.environ, **settings_env(settings, *names), **(extra_env or {})}
+    if settings.metrics_port is None:
+        env.pop("STREAMRANK_METRICS_PORT", None)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = log_path.open("ab")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "streamrank.cli", "worker", "features"],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    return WorkerHandle(process, log_path, log)
+
+
+async def watch_sequence(
+    settings: Settings, user_id: str, *, every_s: float = 2.0, rounds: int | None = None
+) -> None:
+    """Print one user's sequence length and newest items every ``every_s`` (the demo's view)."""
+    from streams.worker import read_user_features
+
+    count = 0
+    while rounds is None or count < rounds:
+        with contextlib.suppress(Exception):
+            features = await read_user_features(settings, user_id)
+            newest = [e["item_id"] for e in features["sequence"][-5:]]
+            counters = features["counters"]
+            print(
+                f"features: user {user_id} has {len(features['sequence'])} events "
+                f"(newest {newest}); clicks 1h {counters['clicks_1h']}, "
+                f"24h {counters['clicks_24h']}"
+            )
+        count += 1
+        await asyncio.sleep(every_s)
+
+
+def describe(handle: WorkerHandle) -> dict[str, Any]:
+    return {"pid": handle.pid, "alive": handle.alive(), "log": str(handle.log_path)}

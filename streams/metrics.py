@@ -1,0 +1,75 @@
+"""Every metric of the features worker, built in one place from an injected registry."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+BATCH_SIZE_BUCKETS = (1, 5, 10, 50, 100, 250, 500, 1000, 2000, 5000, 10000)
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class FeatureMetrics:
+    """The features worker's metrics (prefix ``streamrank_features_``)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        p = "streamrank_features"
+        r = self.registry
+        self.events_applied = Counter(
+            f"{p}_events_applied", "Clicks applied to Redis for the first time.", registry=r
+        )
+        self.events_duplicate = Counter(
+            f"{p}_events_duplicate",
+            "Clicks skipped because their event_id was already applied (redelivery).",
+            registry=r,
+        )
+        self.events_forwarded = Counter(
+            f"{p}_events_forwarded",
+            "Unkeyed clicks re-produced to the clicks topic keyed by user_id.",
+            registry=r,
+        )
+        self.events_too_old = Counter(
+            f"{p}_events_too_old",
+            "Clicks added to the sequence but too old for every counter window.",
+            registry=r,
+        )
+        self.dead_letters = Counter(
+            f"{p}_dead_letters", "Clicks sent to the dead-letter topic.", ["reason"], registry=r
+        )
+        self.batch_size = Histogram(
+            f"{p}_batch_size",
+            "Records per processed batch.",
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=r,
+        )
+        self.redis_write_seconds = Histogram(
+            f"{p}_redis_write_seconds",
+            "Duration of one batch's Redis write (one round trip).",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_seconds = Histogram(
+            f"{p}_batch_seconds",
+            "Duration of processing one batch (decode, write, produce, ack).",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.event_time_lag = Gauge(
+            f"{p}_event_time_lag_seconds",
+            "Now minus the event time of the newest event of the last applied batch.",
+            registry=r,
+        )
+        self.retries = Counter(
+            f"{p}_retries",
+            "Batch retries because Redis or Kafka did not answer.",
+            ["dependency"],
+            registry=r,
+        )
+        self.dependency_up = Gauge(
+            f"{p}_dependency_up",
+            "1 while the dependency answers, 0 during an outage.",
+            ["dependency"],
+            registry=r,
+        )
+        for dep in ("redis", "kafka"):
+            self.dependency_up.labels(dep).set(1)

@@ -1,0 +1,200 @@
+"""One batch of click records -> Redis (one round trip) + dead letters + re-keyed forwards.
+
+``FeatureProcessor.process(records)`` returns only once every effect of the batch is durable:
+the Redis script ran and every dead letter / forwarded click was acknowledged by the broker.
+The caller (the Faust worker) acks the records, and so lets their offsets be committed, only
+after that: at-least-once. While Redis or Kafka does not answer, ``process`` retries the same
+batch with exponential back-off (logging once when the outage starts and once when it ends),
+so nothing is committed and nothing is lost; replays are harmless because the script applies
+each event_id once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from schemas import Limits
+from streamrank.errors import DependencyUnavailable, KafkaUnavailable, RedisUnavailable
+from streams.batch import Record, assemble, classify
+from streams.metrics import FeatureMetrics
+from streams.windows import windows_from_settings
+from streams.writer import BatchWriter
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOutcome:
+    """What happened to one batch."""
+
+    records: int
+    applied: int
+    duplicates: int
+    forwarded: int
+    dead_lettered: int
+
+
+class FeatureProcessor:
+    """Applies batches of click records; owns its Redis client and Kafka producer."""
+
+    def __init__(
+        self,
+        *,
+        settings: Any,
+        metrics: FeatureMetrics,
+        redis: aioredis.Redis | None = None,
+        producer: AIOKafkaProducer | None = None,
+    ) -> None:
+        self._settings = settings
+        self._metrics = metrics
+        self._limits = Limits.from_settings(settings)
+        self._windows = windows_from_settings(settings)
+        self._redis = redis or aioredis.from_url(
+            settings.redis_dsn, **settings.redis_client_kwargs()
+        )
+        self._owns_redis = redis is None
+        # Created on first use: aiokafka binds its client to the running loop.
+        self._producer = producer
+        self._owns_producer = producer is None
+        self._producer_started = producer is not None
+        self._writer = BatchWriter(redis=self._redis)
+        self._down: dict[str, float] = {}
+        self.stopping = False
+
+    async def start(self) -> None:
+        await self._retry("kafka", self._ensure_producer)
+
+    async def _ensure_producer(self) -> AIOKafkaProducer:
+        if self._producer is None:
+            self._producer = AIOKafkaProducer(
+                **self._settings.kafka_client_kwargs(), acks="all", linger_ms=2
+            )
+        if not self._producer_started:
+            try:
+                await self._producer.start()
+            except KafkaError as exc:
+                raise KafkaUnavailable(f"cannot start the Kafka producer: {exc}") from exc
+            self._producer_started = True
+        return self._producer
+
+    async def stop(self) -> None:
+        self.stopping = True
+        if self._owns_producer and self._producer is not None and self._producer_started:
+            await self._producer.stop()
+        if self._owns_redis:
+            await self._redis.aclose()
+
+    async def __aenter__(self) -> FeatureProcessor:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def process(self, records: Sequence[Record]) -> BatchOutcome:
+        """Apply one batch; returns when all its effects are durable (see the module doc)."""
+        started = time.perf_counter()
+        settings = self._settings
+        now_ms = int(time.time() * 1000)
+        classified = classify(
+            records, limits=self._limits, now_ms=now_ms, max_skew_s=settings.max_event_skew_s
+        )
+        call = assemble(
+            classified.apply,
+            now_ms=now_ms,
+            windows=self._windows,
+            lateness_s=settings.counter_lateness_s,
+            sequence_length=settings.sequence_length,
+            sequence_ttl_s=settings.sequence_ttl_s,
+            dedupe_ttl_s=settings.dedupe_ttl_s,
+        )
+        applied = 0
+        if classified.apply:
+            applied = await self._retry("redis", lambda: self._timed_apply(call))
+        if classified.dead or classified.forward:
+            await self._retry(
+                "kafka",
+                lambda: self._produce(classified.dead, classified.forward, classified.forward_raw),
+            )
+        m = self._metrics
+        m.batch_size.observe(len(records))
+        m.events_applied.inc(applied)
+        duplicates = len(classified.apply) - applied + classified.in_batch_duplicates
+        m.events_duplicate.inc(duplicates)
+        m.events_forwarded.inc(len(classified.forward))
+        m.events_too_old.inc(call.too_old_for_counters)
+        for reason, _letter in classified.dead:
+            m.dead_letters.labels(reason).inc()
+        if classified.apply:
+            newest = max(event.ts for event in classified.apply)
+            m.event_time_lag.set(max(0.0, time.time() - newest / 1000))
+        m.batch_seconds.observe(time.perf_counter() - started)
+        return BatchOutcome(
+            len(records), applied, duplicates, len(classified.forward), len(classified.dead)
+        )
+
+    async def _timed_apply(self, call: Any) -> int:
+        with self._metrics.redis_write_seconds.time():
+            return await self._writer.apply(call)
+
+    async def _produce(
+        self, dead: Sequence[Any], forward: Sequence[Any], forward_raw: Sequence[bytes]
+    ) -> None:
+        settings = self._settings
+        producer = await self._ensure_producer()
+        try:
+            futures = [
+                await producer.send(settings.topic_dead_letters, letter.to_json())
+                for _reason, letter in dead
+            ]
+            futures += [
+                await producer.send(settings.topic_clicks, raw, key=event.user_id.encode())
+                for event, raw in zip(forward, forward_raw, strict=True)
+            ]
+            await asyncio.gather(*futures)
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"could not produce dead letters/forwards: {exc}") from exc
+
+    async def _retry(self, dependency: str, action: Callable[[], Awaitable[T]]) -> T:
+        """Run ``action`` until it succeeds, backing off while ``dependency`` is down."""
+        delay = 0.05
+        while True:
+            try:
+                result = await action()
+            except DependencyUnavailable as exc:
+                if self.stopping:
+                    raise
+                if dependency not in self._down:
+                    self._down[dependency] = time.monotonic()
+                    self._metrics.dependency_up.labels(dependency).set(0)
+                    logger.warning(
+                        "%s is unavailable (%s); retrying the batch with back-off, offsets are "
+                        "not committed until it succeeds",
+                        dependency,
+                        exc,
+                    )
+                self._metrics.retries.labels(dependency).inc()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._settings.features_retry_max_s)
+                continue
+            if dependency in self._down:
+                outage = time.monotonic() - self._down.pop(dependency)
+                self._metrics.dependency_up.labels(dependency).set(1)
+                logger.info(
+                    "%s is back after %.1fs; the batch was applied, resuming", dependency, outage
+                )
+            return result
+
+
+__all__ = ["BatchOutcome", "FeatureProcessor", "RedisUnavailable"]

@@ -1,0 +1,169 @@
+"""The read API of the features for the scoring side: whole batches in one Redis round trip.
+
+``FeatureReader(*, redis, settings)``:
+
+- ``await get_sequences(user_ids)`` -> ``{user_id: [SequenceEvent, ...]}`` oldest first, ordered
+  by (ts, event_id), at most ``sequence_length`` events; an unknown user maps to ``[]``.
+- ``await get_counters(user_ids=..., item_ids=..., at_ms=None)`` -> ``{"users": {user_id:
+  {"clicks_1h", "clicks_24h", "categories_24h": {category: n}}}, "items": {item_id:
+  {"clicks_1h", "clicks_24h"}}}``, windows ending at ``at_ms`` (default: now).
+- ``await item_popularity(item_ids)`` -> int64 array of 24 h clicks, aligned with ``item_ids``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from streamrank import keys
+from streamrank.errors import RedisUnavailable
+from streams.windows import Window, window_buckets, windows_from_settings
+
+_CATEGORY_PREFIX = keys.category_field("")
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceEvent:
+    """One event of a user's behaviour sequence."""
+
+    item_id: str
+    category: str | None
+    ts: int  # epoch ms
+    event_id: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "item_id": self.item_id,
+            "category": self.category,
+            "ts": self.ts,
+            "event_id": self.event_id,
+        }
+
+
+def parse_member(member: bytes | str, score: float) -> SequenceEvent:
+    """Inverse of ``keys.sequence_member``."""
+    text = member.decode() if isinstance(member, bytes) else member
+    event_id, item_id, category = text.split(keys.FIELD_SEP, 2)
+    return SequenceEvent(item_id, category or None, int(score), event_id)
+
+
+def _int(value: Any) -> int:
+    return int(value) if value is not None else 0
+
+
+class FeatureReader:
+    """Batch reads of sequences and windowed counters."""
+
+    def __init__(self, *, redis: aioredis.Redis, settings: Any) -> None:
+        self._redis = redis
+        self._fine, self._coarse = windows_from_settings(settings)
+
+    async def _run(self, pipe: Any) -> list[Any]:
+        try:
+            return list(await pipe.execute())
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise RedisUnavailable(
+                f"Redis did not answer the feature read ({exc}); retry later or serve without "
+                "features"
+            ) from exc
+
+    async def get_sequences(self, user_ids: Iterable[str]) -> dict[str, list[SequenceEvent]]:
+        """Each user's sequence, oldest first (one round trip for all users)."""
+        users = list(dict.fromkeys(user_ids))
+        if not users:
+            return {}
+        pipe = self._redis.pipeline(transaction=False)
+        for user in users:
+            pipe.zrange(keys.sequence(user), 0, -1, withscores=True)
+        replies = await self._run(pipe)
+        return {
+            user: [parse_member(member, score) for member, score in reply]
+            for user, reply in zip(users, replies, strict=True)
+        }
+
+    async def get_counters(
+        self,
+        *,
+        user_ids: Iterable[str] = (),
+        item_ids: Iterable[str] = (),
+        at_ms: int | None = None,
+    ) -> dict[str, dict[str, dict[str, Any]]]:
+        """Windowed counters of users and items ending at ``at_ms`` (one round trip)."""
+        now_ms = int(time.time() * 1000) if at_ms is None else at_ms
+        users = list(dict.fromkeys(user_ids))
+        items = list(dict.fromkeys(item_ids))
+        fine_buckets = window_buckets(now_ms, self._fine)
+        coarse_buckets = window_buckets(now_ms, self._coarse)
+        pipe = self._redis.pipeline(transaction=False)
+        for user in users:
+            for start in fine_buckets:
+                pipe.hget(keys.user_counter_bucket(user, self._fine.resolution_s, start), "n")
+            for start in coarse_buckets:
+                pipe.hgetall(keys.user_counter_bucket(user, self._coarse.resolution_s, start))
+        if items:
+            self._queue_item_reads(pipe, items, fine_buckets, self._fine)
+            self._queue_item_reads(pipe, items, coarse_buckets, self._coarse)
+        replies = await self._run(pipe)
+        result: dict[str, dict[str, dict[str, Any]]] = {"users": {}, "items": {}}
+        pos = 0
+        for user in users:
+            clicks_1h = sum(_int(v) for v in replies[pos : pos + len(fine_buckets)])
+            pos += len(fine_buckets)
+            clicks_24h = 0
+            categories: dict[str, int] = {}
+            for reply in replies[pos : pos + len(coarse_buckets)]:
+                for raw_field, raw_value in reply.items():
+                    name = raw_field.decode()
+                    if name == "n":
+                        clicks_24h += int(raw_value)
+                    elif name.startswith(_CATEGORY_PREFIX):
+                        cat = name[len(_CATEGORY_PREFIX) :]
+                        categories[cat] = categories.get(cat, 0) + int(raw_value)
+            pos += len(coarse_buckets)
+            result["users"][user] = {
+                "clicks_1h": clicks_1h,
+                "clicks_24h": clicks_24h,
+                "categories_24h": dict(sorted(categories.items())),
+            }
+        if items:
+            fine = _sum_columns(replies[pos : pos + len(fine_buckets)], len(items))
+            pos += len(fine_buckets)
+            coarse = _sum_columns(replies[pos : pos + len(coarse_buckets)], len(items))
+            for index, item in enumerate(items):
+                result["items"][item] = {
+                    "clicks_1h": int(fine[index]),
+                    "clicks_24h": int(coarse[index]),
+                }
+        return result
+
+    async def item_popularity(
+        self, item_ids: Sequence[str], *, at_ms: int | None = None
+    ) -> np.ndarray:
+        """24 h clicks of each item (int64, aligned with ``item_ids``; ids may repeat)."""
+        if not len(item_ids):
+            return np.zeros(0, dtype=np.int64)
+        now_ms = int(time.time() * 1000) if at_ms is None else at_ms
+        buckets = window_buckets(now_ms, self._coarse)
+        pipe = self._redis.pipeline(transaction=False)
+        self._queue_item_reads(pipe, list(item_ids), buckets, self._coarse)
+        return _sum_columns(await self._run(pipe), len(item_ids))
+
+    @staticmethod
+    def _queue_item_reads(pipe: Any, items: list[str], buckets: list[int], window: Window) -> None:
+        for start in buckets:
+            pipe.hmget(keys.item_counter_bucket(window.resolution_s, start), items)
+
+
+def _sum_columns(replies: list[list[Any]], width: int) -> np.ndarray:
+    """Sum HMGET replies (one row per bucket, None = 0) per item."""
+    totals = np.zeros(width, dtype=np.int64)
+    for reply in replies:
+        totals += np.array([_int(v) for v in reply], dtype=np.int64)
+    return totals

@@ -1,0 +1,63 @@
+"""``streamrank worker features``: the Faust worker process, and ``streamrank features``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry
+
+from streamrank.metrics_http import resolve_port, serve_metrics
+from streamrank.settings import Settings
+from streams.metrics import FeatureMetrics
+from streams.processor import FeatureProcessor
+from streams.reader import FeatureReader
+
+logger = logging.getLogger(__name__)
+
+
+def run_features_worker(settings: Settings, *, metrics_port: int | None = None) -> int:
+    """Create the topics, serve /metrics, and run the Faust worker until it is stopped."""
+    import faust
+
+    from streamrank.topics import create_topics
+    from streams.app import create_app
+
+    asyncio.run(
+        create_topics(settings, topics=(settings.topic_clicks, settings.topic_dead_letters))
+    )
+    registry = CollectorRegistry()
+    metrics = FeatureMetrics(registry)
+    serve_metrics(registry, resolve_port(metrics_port, settings.metrics_port, "features"))
+    processor = FeatureProcessor(settings=settings, metrics=metrics)
+    app = create_app(settings, handler=processor.process)
+    logger.info(
+        "features worker: group %s, topic %s, path %s, batch %s",
+        settings.features_app_id,
+        settings.topic_clicks,
+        settings.features_path,
+        settings.features_batch_size,
+    )
+    worker = faust.Worker(
+        app, loglevel=settings.log_level.lower(), quiet=True, redirect_stdouts=False
+    )
+    worker.execute_from_commandline()  # exits the process (SystemExit) when stopped
+    return 0
+
+
+async def read_user_features(settings: Settings, user_id: str) -> dict[str, Any]:
+    """``{"user_id", "sequence": [...] (oldest first), "counters": {...}}`` of one user."""
+    client = aioredis.from_url(settings.redis_dsn, **settings.redis_client_kwargs())
+    try:
+        reader = FeatureReader(redis=client, settings=settings)
+        sequences = await reader.get_sequences([user_id])
+        counters = await reader.get_counters(user_ids=[user_id])
+    finally:
+        await client.aclose()
+    return {
+        "user_id": user_id,
+        "sequence": [event.to_dict() for event in sequences[user_id]],
+        "counters": counters["users"][user_id],
+    }

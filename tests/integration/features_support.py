@@ -1,0 +1,104 @@
+"""Helpers of the features integration tests: produce, poll, scrape metrics, read dead letters."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from prometheus_client.parser import text_string_to_metric_families
+
+from schemas import DeadLetter, decode_dead_letter
+from streamrank import keys
+from streamrank.settings import Settings
+
+
+def click(event_id: str, user: str, item: str, ts: int, category: str | None = "drama") -> bytes:
+    return orjson.dumps(
+        {"event_id": event_id, "user_id": user, "item_id": item, "ts": ts, "category": category}
+    )
+
+
+async def produce(settings: Settings, messages: Iterable[tuple[bytes | None, bytes]]) -> int:
+    producer = AIOKafkaProducer(**settings.kafka_client_kwargs(), acks="all", linger_ms=5)
+    await producer.start()
+    count = 0
+    try:
+        for key, value in messages:
+            await producer.send(settings.topic_clicks, value, key=key)
+            count += 1
+        await producer.flush()
+    finally:
+        await producer.stop()
+    return count
+
+
+async def poll(
+    check: Callable[[], Awaitable[Any]], *, timeout_s: float, what: str, every_s: float = 0.2
+) -> Any:
+    """Call ``check`` until it returns something truthy; fail with ``what`` after the deadline."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = await check()
+        if last:
+            return last
+        await asyncio.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last: {last!r}")
+
+
+async def sequence_members(redis_url: str, users: Iterable[str]) -> dict[str, list[str]]:
+    client = aioredis.from_url(redis_url)
+    try:
+        pipe = client.pipeline(transaction=False)
+        users = list(users)
+        for user in users:
+            pipe.zrange(keys.sequence(user), 0, -1)
+        replies = await pipe.execute()
+    finally:
+        await client.aclose()
+    return {
+        u: [m.decode().split(keys.FIELD_SEP)[0] for m in r]
+        for u, r in zip(users, replies, strict=True)
+    }
+
+
+async def read_dead_letters(
+    settings: Settings, expected: int, timeout_s: float = 20
+) -> list[DeadLetter]:
+    consumer = AIOKafkaConsumer(
+        settings.topic_dead_letters,
+        **settings.kafka_client_kwargs(),
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    letters: list[DeadLetter] = []
+    try:
+        deadline = time.monotonic() + timeout_s
+        while len(letters) < expected and time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=500)
+            for records in batch.values():
+                letters.extend(decode_dead_letter(r.value) for r in records)
+    finally:
+        await consumer.stop()
+    return letters
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """``{(sample name, sorted labels): value}`` from a worker's /metrics."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def metric(samples: dict[Any, float], name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
