@@ -16,11 +16,10 @@ from typing import IO, Any
 from streamrank.settings import Settings
 
 
-def settings_env(settings: Settings, *names: str) -> dict[str, str]:
-    """``STREAMRANK_*`` variables that hand ``names`` (plus the endpoints) to a child process."""
-    fields = {"kafka_bootstrap", "redis_url", "run_dir", *names}
+def settings_env(settings: Settings) -> dict[str, str]:
+    """``STREAMRANK_*`` variables that hand every field of ``settings`` to a child process."""
     env: dict[str, str] = {}
-    for name in fields:
+    for name in type(settings).model_fields:
         value = getattr(settings, name)
         if hasattr(value, "get_secret_value"):
             value = value.get_secret_value()
@@ -81,29 +80,13 @@ class WorkerHandle:
 
 
 def start_features_worker(
-    settings: Settings,
-    *,
-    log_path: Path,
-    extra_env: dict[str, str] | None = None,
-    setting_names: tuple[str, ...] = (),
+    settings: Settings, *, log_path: Path, extra_env: dict[str, str] | None = None
 ) -> WorkerHandle:
-    """Start ``streamrank worker features`` with ``settings`` (endpoints, topics, app id,
-    metrics port and ``setting_names``) handed over through the environment."""
-    names = (
-        "topic_clicks",
-        "topic_dead_letters",
-        "topic_partitions",
-        "features_app_id",
-        "features_path",
-        "features_batch_size",
-        "sequence_length",
-        "metrics_port",
-        "log_level",
-        *setting_names,
-    )
-    env = {**os.environ, **settings_env(settings, *names), **(extra_env or {})}
-    if settings.metrics_port is None:
-        env.pop("STREAMRANK_METRICS_PORT", None)
+    """Start ``streamrank worker features`` with ``settings`` (every field, through the
+    environment); its output goes to ``log_path``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRANK_")}
+    env.update(settings_env(settings))
+    env.update(extra_env or {})
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = log_path.open("ab")
     process = subprocess.Popen(

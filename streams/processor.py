@@ -60,10 +60,12 @@ class FeatureProcessor:
         self._metrics = metrics
         self._limits = Limits.from_settings(settings)
         self._windows = windows_from_settings(settings)
-        self._redis = redis or aioredis.from_url(
-            settings.redis_dsn, **settings.redis_client_kwargs()
-        )
         self._owns_redis = redis is None
+        if redis is None:
+            kwargs = settings.redis_client_kwargs()
+            kwargs["socket_timeout"] = settings.features_redis_timeout_s
+            redis = aioredis.from_url(settings.redis_dsn, **kwargs)
+        self._redis = redis
         # Created on first use: aiokafka binds its client to the running loop.
         self._producer = producer
         self._owns_producer = producer is None
