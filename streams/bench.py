@@ -29,6 +29,7 @@ import numpy as np
 import orjson
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from pydantic import SecretStr
 from tqdm import tqdm
 
 from schemas import Limits, decode_click
@@ -362,7 +363,7 @@ def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
         settings = settings.model_copy(
             update={
                 "kafka_bootstrap": stack.bootstrap,
-                "redis_url": stack.redis_url,
+                "redis_url": SecretStr(stack.redis_url),
                 "run_dir": work_dir,
             }
         )

@@ -9,10 +9,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
+from streamrank.errors import StreamrankError
 from streamrank.settings import Settings
 
 
@@ -107,8 +109,11 @@ async def watch_sequence(
 
     count = 0
     while rounds is None or count < rounds:
-        with contextlib.suppress(Exception):
+        try:
             features = await read_user_features(settings, user_id)
+        except StreamrankError as exc:
+            print(f"features: cannot read user {user_id} yet: {exc}")
+        else:
             newest = [e["item_id"] for e in features["sequence"][-5:]]
             counters = features["counters"]
             print(
@@ -120,5 +125,23 @@ async def watch_sequence(
         await asyncio.sleep(every_s)
 
 
-def describe(handle: WorkerHandle) -> dict[str, Any]:
-    return {"pid": handle.pid, "alive": handle.alive(), "log": str(handle.log_path)}
+@contextlib.asynccontextmanager
+async def features_demo(
+    settings: Settings, *, user_id: str = "u0", every_s: float = 2.0, log_path: Path | None = None
+) -> AsyncIterator[WorkerHandle]:
+    """For ``streamrank demo``: run a features worker (child process) and print ``user_id``'s
+    sequence growing every ``every_s`` while the body runs; stop both on exit."""
+    log_path = log_path or Path(settings.run_dir) / "features-worker.log"
+    handle = start_features_worker(settings, log_path=log_path)
+    watcher: asyncio.Task[None] | None = None
+    try:
+        await asyncio.to_thread(handle.wait_ready, 120)
+        print(f"features: worker pid {handle.pid} ready (log {log_path})")
+        watcher = asyncio.create_task(watch_sequence(settings, user_id, every_s=every_s))
+        yield handle
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        await asyncio.to_thread(handle.stop)
