@@ -118,6 +118,12 @@ class Settings(BaseSettings):
         description="Socket timeout of the features worker's batch writes (a 2,000-event script "
         "can outlast redis_timeout_s on a loaded host; a timed-out batch is retried).",
     )
+    features_max_inflight_batches: int = Field(
+        2,
+        ge=1,
+        description="Batches the features worker has in flight at once (batch path): the next "
+        "fetch is decoded while Redis applies the previous one; 1 = strictly one at a time.",
+    )
     features_commit_interval_s: float = Field(
         0.5, gt=0, description="How often the features worker commits acked offsets."
     )

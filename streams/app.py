@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -55,27 +56,45 @@ class FeaturesConsumer(faust_aiokafka.Consumer):
             await super()._drain_messages(fetcher)
             return
         handler: BatchHandler = self.app.batch_handler  # type: ignore[attr-defined]
+        max_inflight: int = self.app.max_inflight  # type: ignore[attr-defined]
         consumer_stopped = self._stopped.is_set
         fetcher_stopped = fetcher._stopped.is_set
         read_offset = self._read_offset
         ack = self.ack
-        while not (consumer_stopped() or fetcher_stopped()):
-            messages = [message async for _tp, message in self.getmany(timeout=1.0)]
-            if not messages:
-                await asyncio.sleep(0)
-                continue
-            for message in messages:
-                tp = message.tp
-                last = read_offset[tp]
-                # Offsets the broker skipped (transaction markers, compaction) count as acked.
-                if last is not None and message.offset > last + 1:
-                    await self._add_gap(tp, last + 1, message.offset - 1)
-                read_offset[tp] = message.offset
-            await handler(
-                [Record(m.topic, m.partition, m.offset, m.key, m.value) for m in messages]
-            )
-            for message in messages:
+        # Batches commute (see docs/streams.md), so the next fetch is decoded while Redis runs
+        # the previous batch's script; each batch is acked only after its own write.
+        inflight: deque[tuple[asyncio.Future[Any], list[Any]]] = deque()
+
+        async def finish_oldest() -> None:
+            future, done_messages = inflight[0]
+            await future
+            inflight.popleft()
+            for message in done_messages:
                 ack(message)
+
+        try:
+            while not (consumer_stopped() or fetcher_stopped()):
+                messages = [message async for _tp, message in self.getmany(timeout=1.0)]
+                if not messages:
+                    while inflight:
+                        await finish_oldest()
+                    await asyncio.sleep(0)
+                    continue
+                for message in messages:
+                    tp = message.tp
+                    last = read_offset[tp]
+                    # Offsets the broker skipped (transaction markers, compaction): acked.
+                    if last is not None and message.offset > last + 1:
+                        await self._add_gap(tp, last + 1, message.offset - 1)
+                    read_offset[tp] = message.offset
+                records = [Record(m.topic, m.partition, m.offset, m.key, m.value) for m in messages]
+                inflight.append((asyncio.ensure_future(handler(records)), messages))
+                while inflight and (len(inflight) >= max_inflight or inflight[0][0].done()):
+                    await finish_oldest()
+        finally:
+            # Stopping or crashing: unfinished batches are not acked, so they are replayed.
+            for future, _messages in inflight:
+                future.cancel()
 
 
 class FeaturesTransport(faust_aiokafka.Transport):
@@ -88,6 +107,7 @@ class FeaturesApp(faust.App):
     batch_handler: BatchHandler
     use_batch_path: bool = True
     fetch_max_wait_ms: int = 10
+    max_inflight: int = 2
 
     def _new_transport(self) -> Any:
         return FeaturesTransport(self.conf.broker_consumer, self)
@@ -146,6 +166,7 @@ def create_app(settings: Any, *, handler: BatchHandler) -> FeaturesApp:
     app.batch_handler = handler
     app.use_batch_path = settings.features_path == "batch"
     app.fetch_max_wait_ms = settings.features_fetch_max_wait_ms
+    app.max_inflight = settings.features_max_inflight_batches
     topic = app.topic(settings.topic_clicks, key_type=bytes, value_type=bytes, acks=True)
     if settings.features_path == "batch":
         # Subscribe without an agent: BatchConsumer hands whole fetches to the handler.
