@@ -199,4 +199,3 @@ class FeatureProcessor:
                     "%s is back after %.1fs; the batch was applied, resuming", dependency, outage
                 )
             return result
-
