@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 TORCH_VERSION = 2.13.0
 
-.PHONY: setup demo test lint typecheck unit stack-up stack-down clean bench
+.PHONY: setup demo test lint typecheck unit stack-up stack-down clean docs
 
 setup: $(STAMP)
 
@@ -34,6 +34,9 @@ unit: setup
 
 test: setup lint typecheck
 	$(BIN)/pytest -q
+
+docs: setup
+	$(BIN)/python -m streamrank.docs README.md
 
 stack-up: setup
 	$(BIN)/streamrank stack up

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import importlib
 import logging
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -29,6 +30,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "streamrank.cli_stack",
     "streamrank.demo",
     "streamrank.bench",
+    "streamrank.cli_settings",
+    "scoring.cli_embeddings",
     "streams.cli",
 )
 
@@ -56,6 +59,43 @@ def worker_kinds(sub: Any) -> Any:
 def run_async(coro: Any) -> Any:
     """Run a coroutine to completion; Ctrl-C cancels it cleanly."""
     return asyncio.run(coro)
+
+
+def run_until_signalled(coro: Any) -> Any:
+    """Run a long-lived coroutine; SIGINT (Ctrl-C) or SIGTERM cancel it, so its ``finally``
+    blocks stop what it started. Explicit handlers, because a process started in the background
+    inherits an ignored SIGINT and would never see Ctrl-C as KeyboardInterrupt."""
+
+    async def main() -> Any:
+        task = asyncio.ensure_future(coro)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            logger.info("stopped by signal")
+            return None
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    return asyncio.run(main())
+
+
+_worker_groups: dict[int, Any] = {}
+
+
+def add_worker_kind(sub: Any, kind: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """Add ``streamrank worker KIND``: the ``worker`` group is shared by every worker kind."""
+    group = _worker_groups.get(id(sub))
+    if group is None:
+        worker = sub.add_parser("worker", help="run a worker: features or scoring")
+        group = worker.add_subparsers(dest="worker_kind", metavar="KIND")
+        group.required = True
+        _worker_groups[id(sub)] = group
+    parser: argparse.ArgumentParser = group.add_parser(kind, **kwargs)
+    return parser
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:

@@ -7,7 +7,6 @@ stages that exist and prints what flows through them. On exit it stops exactly w
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import logging
 import random
@@ -96,6 +95,7 @@ async def run_demo(settings: Settings, *, duration_s: float | None, rate: float)
 
 
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
+    from streamrank.cli import run_until_signalled
     from streamrank.cli_stack import stack_from
 
     stack = stack_from(settings)
@@ -113,9 +113,8 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
     )
     print("demo: running; press Ctrl-C to stop")
     try:
-        asyncio.run(run_demo(settings, duration_s=args.duration, rate=args.rate))
-    except KeyboardInterrupt:
-        print("\ndemo: interrupted, shutting down")
+        run_until_signalled(run_demo(settings, duration_s=args.duration, rate=args.rate))
+        print("\ndemo: shutting down")
     finally:
         if we_started:
             with contextlib.suppress(KeyboardInterrupt):

@@ -27,12 +27,19 @@ key                             type    contents
                                         ``counter_lateness_s``.
 ``sr:emb:{version}:{table}:meta``
                                 hash    embedding table metadata: dim, encoding, rows, buckets,
-                                        the OOV row (encoded), published_at.
+                                        oov (the encoded OOV row), published_at, publish_id.
+                                        Written last: a table without it is not published.
 ``sr:emb:{version}:{table}:{bucket}``
                                 hash    encoded rows: field = raw id, value = encoded row bytes;
-                                        ``bucket`` = stable hash of the id modulo the bucket count,
-                                        small enough for Redis' compact listpack encoding.
-``sr:emb:versions``             set     published model versions.
+                                        ``bucket`` (decimal) = scoring.bucketing.bucket_of(id,
+                                        buckets): stable hash of the id modulo the bucket count,
+                                        chosen so every bucket stays in Redis' compact
+                                        ziplist/listpack encoding. Never expires: deleted with
+                                        its version (``streamrank embeddings delete``).
+``sr:emb:versions``             set     published embedding versions (members = version names).
+                                        Version and table names match ``[A-Za-z0-9][A-Za-z0-9._-]*``
+                                        (no ``:`` and no glob characters), so the SCAN pattern
+                                        ``sr:emb:{version}:*`` matches exactly one version's keys.
 ``sr:model:active``             string  the serving model version (``streamrank activate``).
 ``sr:model:split``              string  optional canary split, e.g. ``din-a:0.9,din-b:0.1``.
 ==============================  ======  ==========================================================
@@ -71,7 +78,27 @@ def embedding_meta(version: str, table: str) -> str:
 
 def embedding_bucket(version: str, table: str, bucket: int) -> str:
     """One hash bucket of encoded rows of one embedding table."""
-    return f"{PREFIX}:emb:{version}:{table}:{bucket}"
+    return f"{embedding_bucket_prefix(version, table)}{bucket}"
+
+
+def embedding_bucket_prefix(version: str, table: str) -> str:
+    """What precedes the decimal bucket number in a bucket key (the fetch script appends it)."""
+    return f"{PREFIX}:emb:{version}:{table}:"
+
+
+def embedding_version_pattern(version: str) -> str:
+    """SCAN MATCH pattern of every key of one embedding version (names carry no glob characters)."""
+    return f"{PREFIX}:emb:{version}:*"
+
+
+def embedding_table_pattern(version: str, table: str) -> str:
+    """SCAN MATCH pattern of every key (rows and meta) of one table of one embedding version."""
+    return f"{PREFIX}:emb:{version}:{table}:*"
+
+
+def embedding_meta_pattern(version: str) -> str:
+    """SCAN MATCH pattern of the metadata keys of one embedding version's tables."""
+    return f"{PREFIX}:emb:{version}:*:meta"
 
 
 def embedding_versions() -> str:

@@ -39,45 +39,53 @@ class Settings(BaseSettings):
     kafka_bootstrap: str = Field(
         "", description="Kafka bootstrap servers, comma-separated; default: the embedded broker."
     )
-    kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
-    kafka_sasl_mechanism: SaslMechanism | None = None
-    kafka_sasl_username: str | None = None
-    kafka_sasl_password: SecretStr | None = None
-    kafka_ssl_cafile: Path | None = None
-    kafka_ssl_certfile: Path | None = None
-    kafka_ssl_keyfile: Path | None = None
+    kafka_security_protocol: SecurityProtocol = Field(
+        "PLAINTEXT", description="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."
+    )
+    kafka_sasl_mechanism: SaslMechanism | None = Field(
+        None, description="PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512."
+    )
+    kafka_sasl_username: str | None = Field(None, description="SASL user name.")
+    kafka_sasl_password: SecretStr | None = Field(None, description="SASL password (secret).")
+    kafka_ssl_cafile: Path | None = Field(None, description="CA bundle for Kafka TLS.")
+    kafka_ssl_certfile: Path | None = Field(None, description="Client certificate for Kafka mTLS.")
+    kafka_ssl_keyfile: Path | None = Field(None, description="Client key for Kafka mTLS.")
     redis_url: SecretStr = Field(
         SecretStr(""),
         description="Redis URL (rediss:// for TLS; may carry a password, so kept secret); "
         "default: the embedded Redis.",
     )
-    redis_ssl_ca_certs: Path | None = None
+    redis_ssl_ca_certs: Path | None = Field(None, description="CA bundle for rediss:// URLs.")
     redis_timeout_s: float = Field(0.25, gt=0, description="Socket timeout of every Redis call.")
 
     # --- embedded stack (demo and tests) -----------------------------------------------------
     run_dir: Path = Field(
         Path(".run"), description="Pid, log and data files of the embedded stack."
     )
-    stack_kafka_port: int = Field(9092, ge=0, le=65535)
-    stack_redis_port: int = Field(6379, ge=0, le=65535)
+    stack_kafka_port: int = Field(9092, ge=0, le=65535, description="Port of the embedded broker.")
+    stack_redis_port: int = Field(6379, ge=0, le=65535, description="Port of the embedded Redis.")
 
     # --- topics ------------------------------------------------------------------------------
-    topic_clicks: str = "clicks"
-    topic_requests: str = "rank-requests"
-    topic_results: str = "rank-results"
-    topic_dead_letters: str = "dead-letters"
+    topic_clicks: str = Field("clicks", description="ClickEvent topic (key = user_id).")
+    topic_requests: str = Field("rank-requests", description="RankRequest topic (key = user_id).")
+    topic_results: str = Field("rank-results", description="RankResult topic (key = request_id).")
+    topic_dead_letters: str = Field("dead-letters", description="DeadLetter topic.")
     topic_partitions: int = Field(
         4, ge=1, description="Partitions per topic: bounds group scale-out."
     )
-    topic_replication: int = Field(1, ge=1)
+    topic_replication: int = Field(1, ge=1, description="Replication factor of created topics.")
     reply_topics_allowed: Annotated[tuple[str, ...], NoDecode] = Field(
         (), description="Extra topics a RankRequest may name in reply_to (comma-separated)."
     )
 
     # --- message limits ----------------------------------------------------------------------
-    max_message_bytes: int = Field(64 * 1024, ge=256)
-    max_items_per_request: int = Field(500, ge=1)
-    max_id_length: int = Field(128, ge=1)
+    max_message_bytes: int = Field(
+        64 * 1024, ge=256, description="Larger messages are dead-lettered."
+    )
+    max_items_per_request: int = Field(
+        500, ge=1, description="Candidates allowed in one RankRequest."
+    )
+    max_id_length: int = Field(128, ge=1, description="Longest id (user, item, event, request).")
     max_event_skew_s: int = Field(
         7 * 24 * 3600,
         ge=1,
@@ -86,12 +94,16 @@ class Settings(BaseSettings):
 
     # --- features (streams) ------------------------------------------------------------------
     sequence_length: int = Field(50, ge=1, description="Events kept per user sequence.")
-    sequence_ttl_s: int = Field(30 * 24 * 3600, ge=1)
+    sequence_ttl_s: int = Field(
+        30 * 24 * 3600, ge=1, description="Idle time after which a sequence expires."
+    )
     counter_bucket_s: int = Field(300, ge=1, description="Fine bucket size for the 1 h windows.")
     counter_lateness_s: int = Field(600, ge=0, description="Allowed lateness of event time.")
     dedupe_ttl_s: int = Field(48 * 3600, ge=1, description="How long an event_id is remembered.")
-    features_batch_size: int = Field(2000, ge=1)
-    features_batch_within_s: float = Field(0.05, gt=0)
+    features_batch_size: int = Field(2000, ge=1, description="Max clicks per feature-worker batch.")
+    features_batch_within_s: float = Field(
+        0.05, gt=0, description="Max wait to fill a click batch."
+    )
     counter_coarse_bucket_s: int = Field(
         3600, ge=1, description="Coarse bucket size for the 24 h windows (and category counts)."
     )
@@ -129,25 +141,46 @@ class Settings(BaseSettings):
     )
 
     # --- embedding store and cache -----------------------------------------------------------
-    embedding_encoding: Literal["fp32", "fp16", "int8"] = "int8"
+    embedding_encoding: Literal["fp32", "fp16", "int8"] = Field(
+        "int8", description="Default row encoding for publish."
+    )
     cache_bytes: int = Field(64 * 1024 * 1024, ge=0, description="Local hot-row cache budget.")
-    cache_policy: Literal["tinylfu", "lru"] = "tinylfu"
-    cache_warm_top_k: int = Field(10_000, ge=0)
+    cache_policy: Literal["tinylfu", "lru"] = Field("tinylfu", description="Hot-row cache policy.")
+    cache_warm_top_k: int = Field(
+        10_000, ge=0, description="Rows preloaded when a version activates."
+    )
+    cache_hold: Literal["encoded", "decoded"] = Field(
+        "encoded",
+        description="Whether the cache holds rows as fetched (encoded) or decoded to float32.",
+    )
+    embedding_configure_redis: bool = Field(
+        True,
+        description="Let the embedding store CONFIG SET hash-max-ziplist-value when rows are "
+        "longer than the server's limit (else publish refuses with instructions).",
+    )
+    embedding_fetch_mode: Literal["script", "pipeline"] = Field(
+        "script", description="One Lua call per batch of misses, or a pipeline of HMGET per bucket."
+    )
 
     # --- model and scoring -------------------------------------------------------------------
-    data_dir: Path = Field(default_factory=_default_data_dir)
-    artifacts_dir: Path = Path("artifacts")
+    data_dir: Path = Field(
+        default_factory=_default_data_dir,
+        description="Datasets folder (default ../shared/datasets).",
+    )
+    artifacts_dir: Path = Field(
+        Path("artifacts"), description="Where `streamrank train` writes versions."
+    )
     scoring_batch_max: int = Field(32, ge=1, description="Max requests per micro-batch.")
     scoring_batch_wait_ms: float = Field(2.0, ge=0, description="Max wait to fill a micro-batch.")
     scoring_budget_ms: int = Field(
         50, ge=1, description="Default deadline when a request has none."
     )
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads.")
-    torch_interop_threads: int = Field(1, ge=1)
+    torch_interop_threads: int = Field(1, ge=1, description="torch inter-op threads.")
     breaker_failures: int = Field(
         3, ge=1, description="Redis failures in a row that open the breaker."
     )
-    breaker_cooldown_s: float = Field(2.0, gt=0)
+    breaker_cooldown_s: float = Field(2.0, gt=0, description="Open-breaker pause before a probe.")
     canary_split: str | None = Field(
         None, description="e.g. 'din-a:0.9,din-b:0.1'; None = pointer."
     )
@@ -157,7 +190,7 @@ class Settings(BaseSettings):
     metrics_port: int | None = Field(
         None, ge=0, le=65535, description="/metrics port; 0 disables; unset = per-worker default."
     )
-    log_level: str = "INFO"
+    log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR.")
 
     @model_validator(mode="before")
     @classmethod

@@ -1,0 +1,350 @@
+"""Cache replacement policies bounded by a size budget: plain LRU and W-TinyLFU, plus Belady.
+
+Both policies map hashable keys to values with a size each (bytes in the embedding cache, 1 in
+the hit-rate simulation) and never hold more than ``capacity`` size units.
+
+W-TinyLFU (Einziger, Friedman, Manes: "TinyLFU: A Highly Efficient Cache Admission Policy"):
+every access bumps a count-min sketch of 4-bit counters (halved every ``10 x`` the cache's
+entry count accesses, so the estimate follows recent popularity); new entries go to a small
+LRU *window* (1%); an entry pushed out of the window may enter the main segmented LRU only if
+the sketch says it is more popular than the main segment's victim. On skewed traffic this keeps
+one-hit wonders from flushing the hot set, which is what plain LRU does.
+
+Hot path: the sketch is bumped for a whole batch with numpy; the per-key work is dict moves.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Generic, Protocol, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+_MASK64 = (1 << 64) - 1
+_SEEDS = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93)
+_COUNTER_MAX = 15  # 4-bit counters, as in TinyLFU
+
+
+class CountMinSketch:
+    """4-row count-min sketch of saturating 4-bit counters with periodic halving (aging)."""
+
+    def __init__(self, *, width: int, sample: int) -> None:
+        bits = max(4, int(np.ceil(np.log2(max(width, 16)))))
+        self.width = 1 << bits
+        self._shift = 64 - bits
+        self.sample = max(1, sample)
+        self.additions = 0
+        # bytearrays for fast scalar reads in estimate(), numpy views of them for batch updates
+        self._raw = bytearray(len(_SEEDS) * self.width)
+        self.table = np.frombuffer(self._raw, dtype=np.uint8).reshape(len(_SEEDS), self.width)
+        self._seeds = np.array(_SEEDS, dtype=np.uint64)[:, None]  # [4, 1]
+        self._rows = np.arange(len(_SEEDS))[:, None]  # [4, 1]
+
+    def _indexes(self, hashes: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+        with np.errstate(over="ignore"):
+            return ((hashes[None, :] * self._seeds) >> np.uint64(self._shift)).astype(np.int64)
+
+    def add_many(self, keys: Sequence[Hashable]) -> None:
+        """Count one access of each key (vectorised over the batch)."""
+        if not keys:
+            return
+        hashes = np.fromiter((hash(k) & _MASK64 for k in keys), dtype=np.uint64, count=len(keys))
+        idx = self._indexes(hashes)  # [4, n]
+        cells = self.table[self._rows, idx]  # [4, n]
+        self.table[self._rows, idx] = np.minimum(cells + 1, _COUNTER_MAX)
+        self.additions += len(keys)
+        if self.additions >= self.sample:
+            self.table >>= 1
+            self.additions //= 2
+
+    def estimate(self, key: Hashable) -> int:
+        """Estimated recent access count of one key (never an under-estimate before halving)."""
+        h = hash(key) & _MASK64
+        t = self._raw
+        s = self._shift
+        w = self.width
+        return min(
+            t[((h * _SEEDS[0]) & _MASK64) >> s],
+            t[w + (((h * _SEEDS[1]) & _MASK64) >> s)],
+            t[2 * w + (((h * _SEEDS[2]) & _MASK64) >> s)],
+            t[3 * w + (((h * _SEEDS[3]) & _MASK64) >> s)],
+        )
+
+    def estimate_many(self, keys: Sequence[Hashable]) -> npt.NDArray[np.uint8]:
+        hashes = np.fromiter((hash(k) & _MASK64 for k in keys), dtype=np.uint64, count=len(keys))
+        return self.table[self._rows, self._indexes(hashes)].min(axis=0)
+
+
+class CachePolicy(Protocol):
+    """What the embedding cache needs from a replacement policy."""
+
+    capacity: int
+    used: int
+    evictions: int
+
+    def get_many(self, keys: Sequence[Any]) -> list[Any]: ...
+
+    def put_many(self, keys: Sequence[Any], values: Sequence[Any]) -> None: ...
+
+    def preload(self, keys: Sequence[Any], values: Sequence[Any]) -> int: ...
+
+    def __len__(self) -> int: ...
+
+    def __contains__(self, key: object) -> bool: ...
+
+
+class LruPolicy(Generic[K, V]):
+    """Plain LRU: every miss is admitted; the least recently used entries leave first."""
+
+    def __init__(self, *, capacity: int, size_of: Callable[[V], int]) -> None:
+        self.capacity = capacity
+        self.size_of = size_of
+        self.used = 0
+        self.evictions = 0
+        self._data: OrderedDict[K, V] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+    def get_many(self, keys: Sequence[K]) -> list[V | None]:
+        data = self._data
+        out: list[V | None] = []
+        for k in keys:
+            v = data.get(k)
+            if v is not None:
+                data.move_to_end(k)
+            out.append(v)
+        return out
+
+    def put_many(self, keys: Sequence[K], values: Sequence[V]) -> None:
+        data = self._data
+        size_of = self.size_of
+        for k, v in zip(keys, values, strict=True):
+            size = size_of(v)
+            if size > self.capacity:
+                continue
+            old = data.pop(k, None)
+            if old is not None:
+                self.used -= size_of(old)
+            data[k] = v
+            self.used += size
+            while self.used > self.capacity:
+                _, gone = data.popitem(last=False)
+                self.used -= size_of(gone)
+                self.evictions += 1
+
+    def preload(self, keys: Sequence[K], values: Sequence[V]) -> int:
+        """Insert while there is room, never evicting; returns how many went in."""
+        loaded = 0
+        for k, v in zip(keys, values, strict=True):
+            size = self.size_of(v)
+            if k in self._data or self.used + size > self.capacity:
+                continue
+            self._data[k] = v
+            self._data.move_to_end(k, last=False)  # warm rows are "older" than live traffic
+            self.used += size
+            loaded += 1
+        return loaded
+
+
+class TinyLfuPolicy(Generic[K, V]):
+    """W-TinyLFU: LRU window (1%) -> sketch admission -> segmented LRU (20% probation, 80% protected)."""
+
+    def __init__(
+        self,
+        *,
+        capacity: int,
+        size_of: Callable[[V], int],
+        expected_entries: int,
+        window_fraction: float = 0.01,
+        protected_fraction: float = 0.8,
+    ) -> None:
+        self.capacity = capacity
+        self.size_of = size_of
+        self.used = 0
+        self.evictions = 0
+        self.window_cap = max(1, int(capacity * window_fraction))
+        self.main_cap = max(0, capacity - self.window_cap)
+        self.protected_cap = int(self.main_cap * protected_fraction)
+        entries = max(16, expected_entries)
+        self.sketch = CountMinSketch(width=entries, sample=10 * entries)
+        self._window: OrderedDict[K, V] = OrderedDict()
+        self._probation: OrderedDict[K, V] = OrderedDict()
+        self._protected: OrderedDict[K, V] = OrderedDict()
+        self._window_used = 0
+        self._probation_used = 0
+        self._protected_used = 0
+
+    def __len__(self) -> int:
+        return len(self._window) + len(self._probation) + len(self._protected)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._window or key in self._probation or key in self._protected
+
+    def get_many(self, keys: Sequence[K]) -> list[V | None]:
+        self.sketch.add_many(keys)
+        window, probation, protected = self._window, self._probation, self._protected
+        out: list[V | None] = []
+        for k in keys:
+            v = protected.get(k)
+            if v is not None:
+                protected.move_to_end(k)
+            else:
+                v = window.get(k)
+                if v is not None:
+                    window.move_to_end(k)
+                else:
+                    v = probation.pop(k, None)
+                    if v is not None:
+                        self._promote(k, v)
+            out.append(v)
+        return out
+
+    def _promote(self, key: K, value: V) -> None:
+        """A probation hit moves to protected; protected's overflow falls back to probation."""
+        size = self.size_of(value)
+        self._probation_used -= size
+        self._protected[key] = value
+        self._protected_used += size
+        while self._protected_used > self.protected_cap and self._protected:
+            k, v = self._protected.popitem(last=False)
+            s = self.size_of(v)
+            self._protected_used -= s
+            self._probation[k] = v
+            self._probation_used += s
+
+    def put_many(self, keys: Sequence[K], values: Sequence[V]) -> None:
+        size_of = self.size_of
+        for k, v in zip(keys, values, strict=True):
+            if k in self:
+                continue  # filled by a concurrent lookup meanwhile
+            size = size_of(v)
+            if size > self.capacity:
+                continue
+            self._window[k] = v
+            self._window_used += size
+            self.used += size
+            while self._window_used > self.window_cap and self._window:
+                ck, cv = self._window.popitem(last=False)
+                cs = size_of(cv)
+                self._window_used -= cs
+                self.used -= cs
+                self._admit(ck, cv, cs)
+
+    def _main_used(self) -> int:
+        return self._probation_used + self._protected_used
+
+    def _victim_segment(self) -> OrderedDict[K, V] | None:
+        if self._probation:
+            return self._probation
+        if self._protected:
+            return self._protected
+        return None
+
+    def _admit(self, key: K, value: V, size: int) -> None:
+        """The window's victim enters main only if it beats main's victim(s) on frequency."""
+        if size > self.main_cap:
+            self.evictions += 1
+            return
+        if self._main_used() + size > self.main_cap:
+            freq = self.sketch.estimate(key)
+            while self._main_used() + size > self.main_cap:
+                segment = self._victim_segment()
+                assert segment is not None  # main is over budget, so it holds something
+                vk = next(iter(segment))
+                if self.sketch.estimate(vk) >= freq:
+                    self.evictions += 1  # the candidate loses: dropped
+                    return
+                vv = segment.pop(vk)
+                vs = self.size_of(vv)
+                if segment is self._probation:
+                    self._probation_used -= vs
+                else:
+                    self._protected_used -= vs
+                self.used -= vs
+                self.evictions += 1
+        self._probation[key] = value
+        self._probation_used += size
+        self.used += size
+
+    def preload(self, keys: Sequence[K], values: Sequence[V]) -> int:
+        """Insert into the main segment while there is room, never evicting; counts as one access."""
+        loaded = 0
+        taken: list[K] = []
+        for k, v in zip(keys, values, strict=True):
+            size = self.size_of(v)
+            if k in self or self._main_used() + size > self.main_cap:
+                continue
+            self._probation[k] = v
+            self._probation_used += size
+            self.used += size
+            taken.append(k)
+            loaded += 1
+        self.sketch.add_many(taken)
+        return loaded
+
+
+def make_policy(
+    name: str, *, capacity: int, size_of: Callable[[Any], int], expected_entries: int
+) -> LruPolicy[Any, Any] | TinyLfuPolicy[Any, Any]:
+    """``"tinylfu"`` or ``"lru"``."""
+    if name == "lru":
+        return LruPolicy(capacity=capacity, size_of=size_of)
+    if name == "tinylfu":
+        return TinyLfuPolicy(capacity=capacity, size_of=size_of, expected_entries=expected_entries)
+    raise ValueError(f"unknown cache policy {name!r}; use 'tinylfu' or 'lru'")
+
+
+def next_use(trace: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """For each position, the next position holding the same key (``len(trace)`` if none)."""
+    n = len(trace)
+    order = np.argsort(trace, kind="stable")  # positions grouped by key, ascending within a key
+    nxt = np.full(n, n, dtype=np.int64)
+    same = trace[order[1:]] == trace[order[:-1]]  # [n - 1]
+    nxt[order[:-1][same]] = order[1:][same]
+    return nxt
+
+
+def belady_hits(trace: npt.NDArray[np.int64], capacity: int) -> int:
+    """Hits of Belady's optimal (MIN, with bypass) on a key trace with unit sizes.
+
+    On a miss, the entry whose next use is furthest away (the incoming one included) is dropped.
+    """
+    if capacity <= 0:
+        return 0
+    nxt = next_use(trace)
+    n = len(trace)
+    cached: dict[int, int] = {}  # key -> its next use
+    heap: list[tuple[int, int]] = []  # (-next use, key), lazily cleaned
+    hits = 0
+    for pos, key in enumerate(trace.tolist()):
+        upcoming = int(nxt[pos])
+        if key in cached:
+            hits += 1
+            cached[key] = upcoming
+            heapq.heappush(heap, (-upcoming, key))
+            continue
+        if upcoming == n:
+            continue  # never used again: bypass
+        if len(cached) >= capacity:
+            while True:
+                far, victim = heap[0]
+                if cached.get(victim) == -far:
+                    break
+                heapq.heappop(heap)  # stale entry
+            if -far <= upcoming:
+                continue  # the incoming key is the furthest: bypass
+            heapq.heappop(heap)
+            del cached[victim]
+        cached[key] = upcoming
+        heapq.heappush(heap, (-upcoming, key))
+    return hits

@@ -1,0 +1,150 @@
+"""The local cache in front of the real Redis store: accounting, round trips, versions, warm-up."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from scoring.cache import ENTRY_OVERHEAD_BYTES, CachedEmbeddings
+from scoring.codec import roundtrip
+from scoring.embedding_store import EmbeddingStore
+from tests.conftest import StackInfo
+from tests.integration.emb_helpers import CountingRedis, matrix
+
+IDS = [f"m{k}" for k in range(2000)]
+
+
+@pytest.fixture
+async def store(stack: StackInfo) -> AsyncIterator[EmbeddingStore]:
+    client = CountingRedis.from_url(stack.redis_url, decode_responses=False)
+    s = EmbeddingStore(redis=client)
+    yield s
+    await client.aclose()
+
+
+@pytest.fixture
+async def two_versions(store: EmbeddingStore, unique: str) -> AsyncIterator[tuple[str, str]]:
+    va, vb = f"ca-{unique}", f"cb-{unique}"
+    await store.publish(
+        "item", IDS, matrix(2000, 32, 1), encoding="int8", version=va, progress=False
+    )
+    await store.publish(
+        "item", IDS, matrix(2000, 32, 2), encoding="fp16", version=vb, progress=False
+    )
+    yield va, vb
+    await store.delete_version(va)
+    await store.delete_version(vb)
+
+
+def sample(registry: CollectorRegistry, name: str) -> float:
+    value = registry.get_sample_value(name)
+    assert value is not None, name
+    return value
+
+
+@pytest.mark.parametrize("hold", ["encoded", "decoded"])
+@pytest.mark.parametrize("policy", ["tinylfu", "lru"])
+async def test_values_hits_misses_and_one_round_trip(
+    store: EmbeddingStore, two_versions: tuple[str, str], hold: str, policy: str
+) -> None:
+    va, _ = two_versions
+    registry = CollectorRegistry()
+    emb = CachedEmbeddings(
+        store=store,
+        cache_bytes=1 << 20,
+        policy=policy,
+        registry=registry,
+        hold=hold,  # type: ignore[arg-type]
+    )
+    expected = roundtrip(matrix(2000, 32, 1), "int8")
+    await store.fetch_encoded("item", ["m0"], version=two_versions[1])  # loads the Lua script
+    asked = ["m5", "m9", "m5", "nope", "m1999"]
+    trips = CountingRedis.round_trips
+    got = await emb.lookup(va, "item", asked)
+    assert CountingRedis.round_trips - trips == 2  # meta (first use of the table) + 1 fetch
+    assert np.array_equal(got[[0, 1, 2, 4]], expected[[5, 9, 5, 1999]])
+    assert not got[3].any()
+    s = emb.stats()
+    assert (s["hits"], s["misses"], s["oov"]) == (0, 4, 1)
+    # Second time: everything from the cache, no round trip at all.
+    trips = CountingRedis.round_trips
+    again = await emb.lookup(va, "item", asked)
+    assert CountingRedis.round_trips == trips
+    assert np.array_equal(again, got)
+    # A mixed batch: misses fetched in ONE round trip.
+    trips = CountingRedis.round_trips
+    mixed = await emb.lookup(va, "item", ["m5", "m10", "m11", "m12", "m9"])
+    assert CountingRedis.round_trips - trips == 1
+    assert np.array_equal(mixed, expected[[5, 10, 11, 12, 9]])
+    s = emb.stats()
+    assert (s["hits"], s["misses"], s["oov"]) == (4 + 2, 4 + 3, 2)
+    assert s["hit_ratio"] == pytest.approx(6 / 13)
+    row = 36 if hold == "encoded" else 128
+    assert s["entries"] == 7 and s["bytes"] == 7 * (row + ENTRY_OVERHEAD_BYTES)
+    assert sample(registry, "streamrank_embedding_cache_hits_total") == 6
+    assert sample(registry, "streamrank_embedding_cache_misses_total") == 7
+    assert sample(registry, "streamrank_embedding_oov_total") == 2
+    assert sample(registry, "streamrank_embedding_cache_hit_ratio") == pytest.approx(6 / 13)
+    assert sample(registry, "streamrank_embedding_cache_bytes") == s["bytes"]
+    assert sample(registry, "streamrank_embedding_fetch_seconds_count") == 2
+    assert sample(registry, "streamrank_embedding_fetch_rows_sum") == 7
+
+
+async def test_versions_never_share_cached_rows(
+    store: EmbeddingStore, two_versions: tuple[str, str]
+) -> None:
+    va, vb = two_versions
+    emb = CachedEmbeddings(store=store, cache_bytes=1 << 20)
+    a = await emb.lookup(va, "item", IDS[:50])
+    b = await emb.lookup(vb, "item", IDS[:50])
+    assert np.array_equal(a, roundtrip(matrix(2000, 32, 1)[:50], "int8"))
+    assert np.array_equal(b, roundtrip(matrix(2000, 32, 2)[:50], "fp16"))
+    assert emb.stats()["misses"] == 100 and emb.stats()["hits"] == 0
+
+
+async def test_byte_budget_and_evictions(
+    store: EmbeddingStore, two_versions: tuple[str, str]
+) -> None:
+    va, _ = two_versions
+    registry = CollectorRegistry()
+    budget = 100 * (36 + ENTRY_OVERHEAD_BYTES)
+    emb = CachedEmbeddings(store=store, cache_bytes=budget, policy="lru", registry=registry)
+    expected = roundtrip(matrix(2000, 32, 1), "int8")
+    for start in range(0, 1050, 150):
+        got = await emb.lookup(va, "item", IDS[start : start + 150])
+        assert np.array_equal(got, expected[start : start + 150])
+    s = emb.stats()
+    assert s["bytes"] <= budget and s["entries"] == 100
+    assert s["evictions"] == 1050 - 100
+    assert sample(registry, "streamrank_embedding_cache_evictions_total") == 950
+    # An LRU keeps the most recent 100.
+    hits_before = s["hits"]
+    await emb.lookup(va, "item", IDS[950:1050])
+    assert emb.stats()["hits"] - hits_before == 100
+
+
+async def test_warm_preloads_top_ids(store: EmbeddingStore, two_versions: tuple[str, str]) -> None:
+    va, _ = two_versions
+    budget = 300 * (36 + ENTRY_OVERHEAD_BYTES)
+    emb = CachedEmbeddings(store=store, cache_bytes=budget)
+
+    class Popularity:
+        async def item_popularity(self, item_ids: list[str]) -> np.ndarray:
+            return np.array([-float(int(i[1:])) for i in item_ids])  # m0 most popular
+
+    loaded = await emb.warm_by_popularity(va, "item", Popularity(), IDS, k=200)
+    assert loaded == 200
+    hot = [f"m{k}" for k in range(200)]
+    trips = CountingRedis.round_trips
+    got = await emb.lookup(va, "item", hot[:150])
+    assert CountingRedis.round_trips == trips
+    assert emb.stats()["hits"] == 150
+    assert np.array_equal(
+        got, roundtrip(matrix(2000, 32, 1), "int8")[[int(h[1:]) for h in hot[:150]]]
+    )
+    # The cache is never over budget, even when asked to warm more than fits.
+    await emb.warm(va, "item", IDS)
+    assert emb.stats()["bytes"] <= budget
