@@ -189,7 +189,19 @@ def _metric_pair(labels: npt.NDArray[np.float32], scores: npt.NDArray[Any]) -> d
 
 
 def train_and_evaluate(ds: Dataset, cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
-    """Build samples, fit BaseModel and DIN, evaluate all three models on the test candidates."""
+    """Build samples, fit BaseModel and DIN, evaluate all three models on the test candidates.
+
+    The process-wide torch settings it changes (deterministic kernels, threads) are restored.
+    """
+    deterministic, threads = torch.are_deterministic_algorithms_enabled(), torch.get_num_threads()
+    try:
+        return _train_and_evaluate(ds, cfg, progress=progress)
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+        torch.set_num_threads(threads)
+
+
+def _train_and_evaluate(ds: Dataset, cfg: TrainConfig, *, progress: bool) -> TrainResult:
     started = time.perf_counter()
     seed_everything(cfg.seed, cfg.threads)
     split = build_samples(

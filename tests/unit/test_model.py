@@ -147,3 +147,20 @@ def test_dense_weights_roundtrip_through_safetensors_bytes() -> None:
     np.testing.assert_array_equal(
         scorer.score(hist, mask, cands, cm), DinScorer(net).score(hist, mask, cands, cm)
     )
+
+
+def test_bench_model_compares_both_paths_on_the_same_requests() -> None:
+    import argparse
+
+    from scoring.bench_model import add_arguments, run
+    from streamrank.settings import Settings
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--batch", "1", "3", "--repeats", "1", "--seconds", "0.01"])
+    out = run(args, Settings())
+    assert [r["batch_requests"] for r in out["results"]] == [1, 3]
+    for r in out["results"]:
+        assert r["max_abs_logit_diff"] < 1e-5
+        assert r["split_ms"] > 0 and r["straightforward_ms"] > 0
+        assert r["speedup"] == pytest.approx(r["straightforward_ms"] / r["split_ms"], rel=0.01)
