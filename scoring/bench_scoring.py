@@ -79,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _quick(args: argparse.Namespace) -> None:
     args.items = min(args.items, 20_000)
     args.users = min(args.users, 1_000)
-    args.saturation_requests = min(args.saturation_requests, 600)
+    args.saturation_requests = min(args.saturation_requests, 1000)
     args.rate_seconds = min(args.rate_seconds, 3.0)
     args.naive_requests = min(args.naive_requests, 60)
 
@@ -190,6 +190,12 @@ def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextlib.contextmanager
@@ -344,7 +350,12 @@ async def _measure(
     modes: list[str],
     rates: list[float],
 ) -> dict[str, Any]:
-    out: dict[str, Any] = {"max_rps_by_forward": {}, "latency": {}, "degraded_replies": 0}
+    out: dict[str, Any] = {
+        "max_rps_by_forward": {},
+        "worker_cpu_ms_per_request": {},
+        "latency": {},
+        "degraded_replies": 0,
+    }
     cursor = 0
 
     def take(n: int) -> list[tuple[str, str, list[str]]]:
@@ -358,11 +369,14 @@ async def _measure(
         env = worker_env(settings, STREAMRANK_CANARY_SPLIT=f"{version}:1",
                          STREAMRANK_SCORING_FORWARD=mode,
                          STREAMRANK_SCORING_GROUP_ID=f"bench-scoring-{version}-{mode}")  # fmt: skip
-        with worker_process(cli, env):
+        with worker_process(cli, env) as proc:
             async with Driver(settings=settings, requests_topic=settings.topic_requests,
                               results_topic=settings.topic_results) as driver:  # fmt: skip
                 await warm_up(driver, take(200))
+                cpu0 = cpu_seconds(proc.pid)
                 rps, stats = await driver.saturate(take(args.saturation_requests))
+                cpu_ms = (cpu_seconds(proc.pid) - cpu0) * 1000 / max(1, len(stats.got))
+                out["worker_cpu_ms_per_request"][mode] = round(cpu_ms, 2)
                 out["degraded_replies"] += stats.degraded
                 out["max_rps_by_forward"][mode] = round(rps, 1)
                 logger.info("forward %s: max_rps %.1f (%s)", mode, rps, stats.summary())
@@ -381,11 +395,14 @@ async def _measure(
     env = worker_env(naive_settings, STREAMRANK_BENCH_NAIVE_VERSION=f"{version}-fp32",
                      STREAMRANK_BENCH_MODEL_VERSION=version,
                      STREAMRANK_SCORING_GROUP_ID=f"bench-naive-{version}")  # fmt: skip
-    with worker_process(naive_cli, env):
+    with worker_process(naive_cli, env) as proc:
         async with Driver(settings=naive_settings, requests_topic=naive_settings.topic_requests,
                           results_topic=naive_settings.topic_results) as driver:  # fmt: skip
             await warm_up(driver, take(10))
+            cpu0 = cpu_seconds(proc.pid)
             rps, stats = await driver.saturate(take(args.naive_requests))
+            cpu_ms = (cpu_seconds(proc.pid) - cpu0) * 1000 / max(1, len(stats.got))
+            out["worker_cpu_ms_per_request"]["naive"] = round(cpu_ms, 2)
             out["naive_max_rps"] = round(rps, 1)
             logger.info("naive: max_rps %.1f (%s)", rps, stats.summary())
     return out

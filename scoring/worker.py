@@ -193,14 +193,21 @@ class ScoringWorker:
     # --- the loop ---------------------------------------------------------------------------
 
     async def _next_batch(self) -> list[ConsumerRecord[Any, Any]]:
+        """Up to ``scoring_batch_max`` records: the first wait is open-ended (200 ms polls),
+        then more are gathered for at most ``scoring_batch_wait_ms``."""
         assert self._consumer is not None
         s = self.settings
         got = await self._consumer.getmany(timeout_ms=200, max_records=s.scoring_batch_max)
         records = [r for part in got.values() for r in part]
-        if records and len(records) < s.scoring_batch_max and s.scoring_batch_wait_ms > 0:
+        if not records or s.scoring_batch_wait_ms <= 0:
+            return records
+        deadline = time.monotonic() + s.scoring_batch_wait_ms / 1000
+        while len(records) < s.scoring_batch_max:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                break
             more = await self._consumer.getmany(
-                timeout_ms=max(1, int(s.scoring_batch_wait_ms)),
-                max_records=s.scoring_batch_max - len(records),
+                timeout_ms=left_ms, max_records=s.scoring_batch_max - len(records)
             )
             records.extend(r for part in more.values() for r in part)
         return records
