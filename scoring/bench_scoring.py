@@ -43,6 +43,7 @@ from scoring.service import forward
 from scoring.worker import configure_torch
 from streamrank import keys
 from streamrank.settings import Settings
+from streamrank.topics import create_topics
 
 logger = logging.getLogger(__name__)
 
@@ -258,7 +259,6 @@ def forward_only(
 
 async def _run(args: argparse.Namespace, base: Settings, stack_kind: str) -> dict[str, Any]:
     from scoring.embedding_store import EmbeddingStore
-    from streamrank.topics import create_topics
 
     tag = uuid.uuid4().hex[:8]
     version = f"bench-din-{tag}"
@@ -271,8 +271,7 @@ async def _run(args: argparse.Namespace, base: Settings, stack_kind: str) -> dic
         }
     )
     naive_settings = settings.model_copy(update={"topic_requests": f"bench-naive-requests-{tag}"})
-    await create_topics(settings, topics=(settings.topic_requests, settings.topic_results,
-                                          settings.topic_dead_letters,
+    await create_topics(settings, topics=(settings.topic_results, settings.topic_dead_letters,
                                           naive_settings.topic_requests))  # fmt: skip
     redis = aioredis.from_url(settings.redis_dsn, socket_timeout=30)
     timings: dict[str, float] = {}
@@ -366,17 +365,26 @@ async def _measure(
 
     cli = [sys.executable, "-m", "streamrank.cli", "worker", "scoring", "--metrics-port", "0"]
     for n, mode in enumerate(modes):
-        env = worker_env(settings, STREAMRANK_CANARY_SPLIT=f"{version}:1",
+        # each mode's worker gets its own request topic: a new group starts at the earliest
+        # offset and must not answer the previous phases' requests again
+        mode_settings = settings.model_copy(
+            update={"topic_requests": f"{settings.topic_requests}-{mode}"}
+        )
+        await create_topics(mode_settings, topics=(mode_settings.topic_requests,))
+        env = worker_env(mode_settings, STREAMRANK_CANARY_SPLIT=f"{version}:1",
                          STREAMRANK_SCORING_FORWARD=mode,
                          STREAMRANK_SCORING_GROUP_ID=f"bench-scoring-{version}-{mode}")  # fmt: skip
         with worker_process(cli, env) as proc:
-            async with Driver(settings=settings, requests_topic=settings.topic_requests,
+            async with Driver(settings=settings, requests_topic=mode_settings.topic_requests,
                               results_topic=settings.topic_results) as driver:  # fmt: skip
                 await warm_up(driver, take(200))
                 cpu0 = cpu_seconds(proc.pid)
                 rps, stats = await driver.saturate(take(args.saturation_requests))
                 cpu_ms = (cpu_seconds(proc.pid) - cpu0) * 1000 / max(1, len(stats.got))
                 out["worker_cpu_ms_per_request"][mode] = round(cpu_ms, 2)
+                out.setdefault("saturation_stage_ms_mean", {})[mode] = stats.summary().get(
+                    "worker_stage_ms_mean"
+                )
                 out["degraded_replies"] += stats.degraded
                 out["max_rps_by_forward"][mode] = round(rps, 1)
                 logger.info("forward %s: max_rps %.1f (%s)", mode, rps, stats.summary())

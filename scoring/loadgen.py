@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import orjson
@@ -65,22 +66,27 @@ class RunStats:
     reasons: dict[str, int] = field(default_factory=dict)
     versions: dict[str, int] = field(default_factory=dict)
 
-    def latencies_ms(self) -> np.ndarray:
-        return np.array([(self.got[r] - self.sent[r]) * 1000 for r in self.got if r in self.sent])
+    stages: dict[str, list[float]] = field(default_factory=dict)  # worker-side timings_ms
 
-    def summary(self) -> dict[str, float | int]:
+    def answered(self) -> list[str]:
+        """Request ids of this phase that got a reply (late replies of earlier phases excluded)."""
+        return [r for r in self.got if r in self.sent]
+
+    def latencies_ms(self) -> np.ndarray:
+        return np.array([(self.got[r] - self.sent[r]) * 1000 for r in self.answered()])
+
+    def summary(self) -> dict[str, Any]:
         lat = self.latencies_ms()
-        out: dict[str, float | int] = {
-            "sent": len(self.sent),
-            "answered": len(self.got),
-            "degraded": self.degraded,
-        }
+        out: dict[str, Any] = {"sent": len(self.sent), "answered": int(lat.size),
+                               "degraded": self.degraded}  # fmt: skip
         if lat.size:
-            out.update(
-                p50_ms=round(float(np.percentile(lat, 50)), 2),
-                p99_ms=round(float(np.percentile(lat, 99)), 2),
-                max_ms=round(float(lat.max()), 2),
-            )
+            out.update(p50_ms=round(float(np.percentile(lat, 50)), 2),
+                       p99_ms=round(float(np.percentile(lat, 99)), 2),
+                       max_ms=round(float(lat.max()), 2))  # fmt: skip
+        if self.stages:
+            out["worker_stage_ms_mean"] = {
+                k: round(float(np.mean(v)), 2) for k, v in self.stages.items()
+            }
         return out
 
 
@@ -133,6 +139,9 @@ class Driver:
                     if rid in stats.got:
                         continue
                     stats.got[rid] = now
+                    if rid in stats.sent:
+                        for stage, ms in (reply.get("timings_ms") or {}).items():
+                            stats.stages.setdefault(stage, []).append(float(ms))
                     version = reply.get("model_version", "")
                     stats.versions[version] = stats.versions.get(version, 0) + 1
                     if reply.get("degraded"):
@@ -151,7 +160,7 @@ class Driver:
     async def wait_answered(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if len(self.stats.got.keys() & self.stats.sent.keys()) >= len(self.stats.sent):
+            if len(self.stats.answered()) >= len(self.stats.sent):
                 return True
             await asyncio.sleep(0.02)
         return False
@@ -186,7 +195,7 @@ class Driver:
         await self._producer.flush()
         await self.wait_answered(drain_s)
         stats = self.reset()
-        times = np.sort(np.array(list(stats.got.values())))
+        times = np.sort(np.array([stats.got[r] for r in stats.answered()]))
         if times.size < 10:
             return 0.0, stats
         skip = times.size // 10
