@@ -35,6 +35,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "streams.cli",
     "scoring.cli_model",
     "scoring.cli",
+    "streamrank.replay",
 )
 
 
