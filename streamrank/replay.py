@@ -293,12 +293,16 @@ async def run_replay(
     tolerance: float = 1e-5,
     apply_timeout_s: float = 300.0,
     request_timeout_s: float = 60.0,
+    activate: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Replay ``cases`` through the stack ``settings`` name; returns the report."""
+    """Replay ``cases`` through the stack ``settings`` name; returns the report.
+
+    The replay's scoring worker is pinned to the artifact's version by a static split, so the
+    shared ``sr:model:active`` pointer is left alone unless ``activate`` is set."""
     import redis.asyncio as aioredis
 
-    from scoring.registry import activate_version, active_version
+    from scoring.registry import activate_version
     from streamrank.pipeline import (
         FEATURES_READY,
         SCORING_READY,
@@ -316,10 +320,8 @@ async def run_replay(
     try:
         published = await ensure_published(redis, artifact, encoding=encoding, progress=progress)
         version, enc = published["version"], published["encoding"]
-        activated = False
-        if await active_version(redis) is None:  # never move a pointer someone else set
+        if activate:
             await activate_version(redis, version)
-            activated = True
         _say(f"version {version} ({enc}; published now: {published['published_now']}); run {run}")
         rs = run_settings(settings, run=run, version=version, max_history=max_history)
         await create_topics(rs)
@@ -396,7 +398,7 @@ async def run_replay(
             "p50": round(float(np.percentile(latencies, 50)), 2) if latencies else None,
             "p99": round(float(np.percentile(latencies, 99)), 2) if latencies else None,
         },
-        "activated": activated,
+        "activated": activate,
         "run": run,
         "seconds": {k: round(v, 2) for k, v in seconds.items()},
     }
@@ -447,6 +449,7 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
                 concurrency=args.concurrency,
                 tolerance=args.tolerance,
                 apply_timeout_s=args.apply_timeout,
+                activate=args.activate,
                 progress=not args.no_progress,
             )
         )
@@ -482,6 +485,9 @@ def register(sub: Any) -> None:
                         help="largest |online - offline| accepted per candidate")  # fmt: skip
     replay.add_argument("--apply-timeout", type=float, default=300.0,
                         help="seconds to wait for the features worker to apply every click")  # fmt: skip
+    replay.add_argument("--activate", action="store_true",
+                        help="also make the version the serving one (sr:model:active); the "
+                        "replay itself pins its worker to the version and does not need it")  # fmt: skip
     replay.add_argument("--no-progress", action="store_true")
     replay.add_argument("--json", action="store_true", help="print the report as JSON")
     replay.set_defaults(func=_replay)
