@@ -73,6 +73,8 @@ def start_worker(
     handed over through the environment; its output goes to ``log_path``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRANK_")}
     env.update(settings_env(settings))
+    if settings.log_level.upper() not in ("DEBUG", "INFO"):
+        env["STREAMRANK_LOG_LEVEL"] = "INFO"  # the ready markers are INFO lines
     env.update(extra_env or {})
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = log_path.open("ab")
