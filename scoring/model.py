@@ -164,7 +164,7 @@ class DIN(nn.Module):
 
     def forward(self, hist: Tensor, hist_mask: Tensor, cand: Tensor) -> Tensor:
         """``hist [B, L, d]``, ``hist_mask [B, L]`` bool, ``cand [B, d]`` -> logits ``[B]``."""
-        hist = hist * hist_mask.unsqueeze(-1)  # [B, L, d]; padding contributes exactly 0
+        hist = hist.masked_fill(~hist_mask.unsqueeze(-1), 0.0)  # [B, L, d]; padding (even NaN) -> 0
         w = self.attention_weights(hist, hist_mask, cand)  # [B, L]
         pooled = (w.unsqueeze(-1) * hist).sum(1)  # [B, d]
         return self.head(pooled, cand)  # [B]
@@ -180,7 +180,7 @@ class BaseModel(nn.Module):
 
     def forward(self, hist: Tensor, hist_mask: Tensor, cand: Tensor) -> Tensor:
         """``hist [B, L, d]``, ``hist_mask [B, L]`` bool, ``cand [B, d]`` -> logits ``[B]``."""
-        pooled = (hist * hist_mask.unsqueeze(-1)).sum(1)  # [B, d]
+        pooled = hist.masked_fill(~hist_mask.unsqueeze(-1), 0.0).sum(1)  # [B, d]
         return self.head(pooled, cand)  # [B]
 
 
@@ -257,7 +257,7 @@ class DinScorer:
         return torch.cat(parts)  # [B, C]
 
     def _logits(self, hist: Tensor, hist_mask: Tensor, cands: Tensor) -> Tensor:
-        hist = hist * hist_mask.unsqueeze(-1)  # [B, L, d]; padding contributes exactly 0
+        hist = hist.masked_fill(~hist_mask.unsqueeze(-1), 0.0)  # [B, L, d]; padding (even NaN) -> 0
         a = torch.addmm(self.bias, cands.reshape(-1, cands.shape[-1]), self.w_cand)  # [B*C, h]
         a = a.view(cands.shape[0], cands.shape[1], 1, -1)  # [B, C, 1, h]
         h = torch.matmul(hist, self.w_hist).unsqueeze(1)  # [B, 1, L, h]: once per request
@@ -294,6 +294,7 @@ class DinScorer:
         cm = torch.as_tensor(
             np.asarray(cand_mask, dtype=bool) if not isinstance(cand_mask, Tensor) else cand_mask
         )
+        h, c, hm, cm = h.float(), c.float(), hm.bool(), cm.bool()
         d = self.spec.item_dim
         if h.dim() != 3 or c.dim() != 3 or h.shape[-1] != d or c.shape[-1] != d:
             raise ValueError(

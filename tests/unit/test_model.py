@@ -62,8 +62,9 @@ def test_extra_padding_leaves_scores_unchanged() -> None:
     hist, mask, cands = _batch(3, 7, 10)
     cmask = torch.ones(3, 7, dtype=torch.bool)
     base = scorer.score(hist, mask, cands, cmask)
-    # 15 more padded slots holding large garbage values
+    # 15 more padded slots holding large garbage values and a NaN
     junk = torch.randn(3, 15, D) * 1e3
+    junk[0, 3, 5] = float("nan")
     padded = scorer.score(
         torch.cat([hist, junk], 1),
         torch.cat([mask, torch.zeros(3, 15, dtype=torch.bool)], 1),
