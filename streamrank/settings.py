@@ -124,6 +124,18 @@ class Settings(BaseSettings):
         description="Longest time the broker may hold a features fetch waiting for data (Faust "
         "hard-codes 1500 ms, which would add up to that much click-to-visible latency).",
     )
+    features_redis_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="Socket timeout of the features worker's batch writes (a 2,000-event script "
+        "can outlast redis_timeout_s on a loaded host; a timed-out batch is retried).",
+    )
+    features_max_inflight_batches: int = Field(
+        2,
+        ge=1,
+        description="Batches the features worker has in flight at once (batch path): the next "
+        "fetch is decoded while Redis applies the previous one; 1 = strictly one at a time.",
+    )
     features_commit_interval_s: float = Field(
         0.5, gt=0, description="How often the features worker commits acked offsets."
     )

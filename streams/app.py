@@ -9,16 +9,18 @@ web server. Two ways to hand records to the batch processor (setting ``features_
   queues it for the agent's stream) with one that takes each fetch from Faust's consumer as a
   whole, processes it, and then acks every message of it through Faust's own
   ``Consumer.ack``, so Faust's commit task commits those offsets: after the Redis write.
-- ``agent``: a Faust agent with ``stream.take_events(n, within)``; take_events acks a batch's
-  events when the agent asks for the next batch, i.e. after ``process`` returned. Costs about
-  150 us of CPU per event in Faust's stream machinery; kept for comparison (see
-  docs/streams.md).
+- ``agent``: a Faust agent with ``stream.take_events(n, within)``. The agent holds an extra
+  reference on each message while the batch is processed and acks only after ``process``
+  returned, so take_events' own ack (which also runs when the generator is closed by a
+  shutdown or an error) can never make an unwritten offset committable. Costs about 100 us of
+  CPU per event in Faust's per-message machinery; kept for comparison (docs/streams.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -54,27 +56,45 @@ class FeaturesConsumer(faust_aiokafka.Consumer):
             await super()._drain_messages(fetcher)
             return
         handler: BatchHandler = self.app.batch_handler  # type: ignore[attr-defined]
+        max_inflight: int = self.app.max_inflight  # type: ignore[attr-defined]
         consumer_stopped = self._stopped.is_set
         fetcher_stopped = fetcher._stopped.is_set
         read_offset = self._read_offset
         ack = self.ack
-        while not (consumer_stopped() or fetcher_stopped()):
-            messages = [message async for _tp, message in self.getmany(timeout=1.0)]
-            if not messages:
-                await asyncio.sleep(0)
-                continue
-            for message in messages:
-                tp = message.tp
-                last = read_offset[tp]
-                # Offsets the broker skipped (transaction markers, compaction) count as acked.
-                if last is not None and message.offset > last + 1:
-                    await self._add_gap(tp, last + 1, message.offset - 1)
-                read_offset[tp] = message.offset
-            await handler(
-                [Record(m.topic, m.partition, m.offset, m.key, m.value) for m in messages]
-            )
-            for message in messages:
+        # Batches commute (see docs/streams.md), so the next fetch is decoded while Redis runs
+        # the previous batch's script; each batch is acked only after its own write.
+        inflight: deque[tuple[asyncio.Future[Any], list[Any]]] = deque()
+
+        async def finish_oldest() -> None:
+            future, done_messages = inflight[0]
+            await future
+            inflight.popleft()
+            for message in done_messages:
                 ack(message)
+
+        try:
+            while not (consumer_stopped() or fetcher_stopped()):
+                messages = [message async for _tp, message in self.getmany(timeout=1.0)]
+                if not messages:
+                    while inflight:
+                        await finish_oldest()
+                    await asyncio.sleep(0)
+                    continue
+                for message in messages:
+                    tp = message.tp
+                    last = read_offset[tp]
+                    # Offsets the broker skipped (transaction markers, compaction): acked.
+                    if last is not None and message.offset > last + 1:
+                        await self._add_gap(tp, last + 1, message.offset - 1)
+                    read_offset[tp] = message.offset
+                records = [Record(m.topic, m.partition, m.offset, m.key, m.value) for m in messages]
+                inflight.append((asyncio.ensure_future(handler(records)), messages))
+                while inflight and (len(inflight) >= max_inflight or inflight[0][0].done()):
+                    await finish_oldest()
+        finally:
+            # Stopping or crashing: unfinished batches are not acked, so they are replayed.
+            for future, _messages in inflight:
+                future.cancel()
 
 
 class FeaturesTransport(faust_aiokafka.Transport):
@@ -87,9 +107,14 @@ class FeaturesApp(faust.App):
     batch_handler: BatchHandler
     use_batch_path: bool = True
     fetch_max_wait_ms: int = 10
+    max_inflight: int = 2
 
     def _new_transport(self) -> Any:
         return FeaturesTransport(self.conf.broker_consumer, self)
+
+
+def _record(message: Any) -> Record:
+    return Record(message.topic, message.partition, message.offset, message.key, message.value)
 
 
 def _credentials(settings: Any) -> Any:
@@ -141,6 +166,7 @@ def create_app(settings: Any, *, handler: BatchHandler) -> FeaturesApp:
     app.batch_handler = handler
     app.use_batch_path = settings.features_path == "batch"
     app.fetch_max_wait_ms = settings.features_fetch_max_wait_ms
+    app.max_inflight = settings.features_max_inflight_batches
     topic = app.topic(settings.topic_clicks, key_type=bytes, value_type=bytes, acks=True)
     if settings.features_path == "batch":
         # Subscribe without an agent: BatchConsumer hands whole fetches to the handler.
@@ -151,17 +177,13 @@ def create_app(settings: Any, *, handler: BatchHandler) -> FeaturesApp:
         @app.agent(topic, name="features")
         async def features(stream: Any) -> None:
             async for events in stream.take_events(batch_size, within):
-                await handler(
-                    [
-                        Record(
-                            e.message.topic,
-                            e.message.partition,
-                            e.message.offset,
-                            e.message.key,
-                            e.message.value,
-                        )
-                        for e in events
-                    ]
-                )
+                # take_events acks the batch when it is closed too (shutdown, error): hold one
+                # more reference per message so that only our ack below, after the batch is
+                # durable, can bring it to zero and make the offset committable.
+                for event in events:
+                    event.message.incref()
+                await handler([_record(event.message) for event in events])
+                for event in events:
+                    event.ack()
 
     return app

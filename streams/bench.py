@@ -29,6 +29,7 @@ import numpy as np
 import orjson
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from pydantic import SecretStr
 from tqdm import tqdm
 
 from schemas import Limits, decode_click
@@ -137,16 +138,22 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def _applied(port: int) -> float:
+    """Events the worker has processed: applied, plus any that a retried batch (after a
+    timed-out reply) found already applied."""
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
 
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    total = 0.0
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == "streamrank_features_events_applied_total":
-                return float(sample.value)
-    return 0.0
+            if sample.name in (
+                "streamrank_features_events_applied_total",
+                "streamrank_features_events_duplicate_total",
+            ):
+                total += float(sample.value)
+    return total
 
 
 async def measure_drain(pid: int, port: int, expected: int) -> dict[str, float]:
@@ -356,7 +363,7 @@ def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
         settings = settings.model_copy(
             update={
                 "kafka_bootstrap": stack.bootstrap,
-                "redis_url": stack.redis_url,
+                "redis_url": SecretStr(stack.redis_url),
                 "run_dir": work_dir,
             }
         )

@@ -9,18 +9,19 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
+from streamrank.errors import StreamrankError
 from streamrank.settings import Settings
 
 
-def settings_env(settings: Settings, *names: str) -> dict[str, str]:
-    """``STREAMRANK_*`` variables that hand ``names`` (plus the endpoints) to a child process."""
-    fields = {"kafka_bootstrap", "redis_url", "run_dir", *names}
+def settings_env(settings: Settings) -> dict[str, str]:
+    """``STREAMRANK_*`` variables that hand every field of ``settings`` to a child process."""
     env: dict[str, str] = {}
-    for name in fields:
+    for name in type(settings).model_fields:
         value = getattr(settings, name)
         if hasattr(value, "get_secret_value"):
             value = value.get_secret_value()
@@ -81,29 +82,13 @@ class WorkerHandle:
 
 
 def start_features_worker(
-    settings: Settings,
-    *,
-    log_path: Path,
-    extra_env: dict[str, str] | None = None,
-    setting_names: tuple[str, ...] = (),
+    settings: Settings, *, log_path: Path, extra_env: dict[str, str] | None = None
 ) -> WorkerHandle:
-    """Start ``streamrank worker features`` with ``settings`` (endpoints, topics, app id,
-    metrics port and ``setting_names``) handed over through the environment."""
-    names = (
-        "topic_clicks",
-        "topic_dead_letters",
-        "topic_partitions",
-        "features_app_id",
-        "features_path",
-        "features_batch_size",
-        "sequence_length",
-        "metrics_port",
-        "log_level",
-        *setting_names,
-    )
-    env = {**os.environ, **settings_env(settings, *names), **(extra_env or {})}
-    if settings.metrics_port is None:
-        env.pop("STREAMRANK_METRICS_PORT", None)
+    """Start ``streamrank worker features`` with ``settings`` (every field, through the
+    environment); its output goes to ``log_path``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRANK_")}
+    env.update(settings_env(settings))
+    env.update(extra_env or {})
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = log_path.open("ab")
     process = subprocess.Popen(
@@ -124,8 +109,11 @@ async def watch_sequence(
 
     count = 0
     while rounds is None or count < rounds:
-        with contextlib.suppress(Exception):
+        try:
             features = await read_user_features(settings, user_id)
+        except StreamrankError as exc:
+            print(f"features: cannot read user {user_id} yet: {exc}")
+        else:
             newest = [e["item_id"] for e in features["sequence"][-5:]]
             counters = features["counters"]
             print(
@@ -137,5 +125,23 @@ async def watch_sequence(
         await asyncio.sleep(every_s)
 
 
-def describe(handle: WorkerHandle) -> dict[str, Any]:
-    return {"pid": handle.pid, "alive": handle.alive(), "log": str(handle.log_path)}
+@contextlib.asynccontextmanager
+async def features_demo(
+    settings: Settings, *, user_id: str = "u0", every_s: float = 2.0, log_path: Path | None = None
+) -> AsyncIterator[WorkerHandle]:
+    """For ``streamrank demo``: run a features worker (child process) and print ``user_id``'s
+    sequence growing every ``every_s`` while the body runs; stop both on exit."""
+    log_path = log_path or Path(settings.run_dir) / "features-worker.log"
+    handle = start_features_worker(settings, log_path=log_path)
+    watcher: asyncio.Task[None] | None = None
+    try:
+        await asyncio.to_thread(handle.wait_ready, 120)
+        print(f"features: worker pid {handle.pid} ready (log {log_path})")
+        watcher = asyncio.create_task(watch_sequence(settings, user_id, every_s=every_s))
+        yield handle
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        await asyncio.to_thread(handle.stop)

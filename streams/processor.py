@@ -1,7 +1,9 @@
 """One batch of click records -> Redis (one round trip) + dead letters + re-keyed forwards.
 
 ``FeatureProcessor.process(records)`` returns only once every effect of the batch is durable:
-the Redis script ran and every dead letter / forwarded click was acknowledged by the broker.
+the Redis script ran and every dead letter / forwarded click was acknowledged by the broker
+(so a batch replayed after a failed produce may dead-letter or forward a click twice: the
+dead-letter topic is at-least-once too, and a twice-forwarded click is deduplicated).
 The caller (the Faust worker) acks the records, and so lets their offsets be committed, only
 after that: at-least-once. While Redis or Kafka does not answer, ``process`` retries the same
 batch with exponential back-off (logging once when the outage starts and once when it ends),
@@ -23,7 +25,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from schemas import Limits
-from streamrank.errors import DependencyUnavailable, KafkaUnavailable, RedisUnavailable
+from streamrank.errors import DependencyUnavailable, KafkaUnavailable
 from streams.batch import Record, assemble, classify
 from streams.metrics import FeatureMetrics
 from streams.windows import windows_from_settings
@@ -60,10 +62,12 @@ class FeatureProcessor:
         self._metrics = metrics
         self._limits = Limits.from_settings(settings)
         self._windows = windows_from_settings(settings)
-        self._redis = redis or aioredis.from_url(
-            settings.redis_dsn, **settings.redis_client_kwargs()
-        )
         self._owns_redis = redis is None
+        if redis is None:
+            kwargs = settings.redis_client_kwargs()
+            kwargs["socket_timeout"] = settings.features_redis_timeout_s
+            redis = aioredis.from_url(settings.redis_dsn, **kwargs)
+        self._redis = redis
         # Created on first use: aiokafka binds its client to the running loop.
         self._producer = producer
         self._owns_producer = producer is None
@@ -195,6 +199,3 @@ class FeatureProcessor:
                     "%s is back after %.1fs; the batch was applied, resuming", dependency, outage
                 )
             return result
-
-
-__all__ = ["BatchOutcome", "FeatureProcessor", "RedisUnavailable"]

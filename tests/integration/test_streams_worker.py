@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import orjson
+import pytest
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from streamrank.settings import Settings
 from streamrank.stack import free_port
-from streams.launch import start_features_worker
+from streams.launch import settings_env, start_features_worker
 from streams.reader import FeatureReader
 from tests.integration.features_support import (
     click,
@@ -64,12 +68,16 @@ async def topic_ends(settings: Settings) -> dict[int, int]:
     return ends
 
 
+@pytest.mark.parametrize("path", ["batch", "agent"])
 async def test_worker_applies_forwards_and_dead_letters(
-    make_settings, unique, tmp_path: Path
+    make_settings, unique, tmp_path: Path, path: str
 ) -> None:  # type: ignore[no-untyped-def]
     port = free_port()
     settings = make_settings(
-        features_app_id=f"features-{unique}", sequence_length=1000, metrics_port=port
+        features_app_id=f"features-{unique}",
+        sequence_length=1000,
+        metrics_port=port,
+        features_path=path,
     )
     worker = start_features_worker(settings, log_path=tmp_path / "worker.log")
     try:
@@ -108,6 +116,21 @@ async def test_worker_applies_forwards_and_dead_letters(
         counters = await FeatureReader(redis=client, settings=settings).get_counters(user_ids=users)
         await client.aclose()
         assert sum(c["clicks_1h"] for c in counters["users"].values()) == 320  # none counted twice
+
+        if path == "batch":  # the CLI view of one user
+            shown = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "streamrank.cli", "features", "--user", users[3], "--json"],
+                capture_output=True,
+                env={**os.environ, **settings_env(settings)},
+                check=True,
+            )
+            view = orjson.loads(shown.stdout)
+            assert view["user_id"] == users[3]
+            assert [e["event_id"] for e in view["sequence"]] == members[users[3]]
+            assert set(view["sequence"][0]) == {"item_id", "category", "ts", "event_id"}
+            assert view["counters"]["clicks_1h"] == 32  # 30 keyed + 2 unkeyed
+            assert view["counters"]["categories_24h"] == {"drama": 32}
 
         letters = await read_dead_letters(settings, expected=5)
         reasons = sorted(letter.error.split(":")[0] for letter in letters)
