@@ -230,6 +230,16 @@ class EmbeddingStore:
         client = aioredis.Redis.from_url(url, decode_responses=False, **client_kwargs)
         return cls(redis=client, owns_client=True, **kwargs)
 
+    @classmethod
+    def from_settings(cls, settings: Any) -> EmbeddingStore:
+        """A store owning a client on ``settings.redis_dsn`` with the settings' timeouts/TLS."""
+        return cls.from_url(
+            settings.redis_dsn,
+            client_kwargs=settings.redis_client_kwargs(),
+            fetch_mode=settings.embedding_fetch_mode,
+            configure_redis=settings.embedding_configure_redis,
+        )
+
     async def close(self) -> None:
         if self._owns_client:
             await self.redis.aclose()
@@ -576,7 +586,12 @@ class EmbeddingStore:
 
     async def versions(self) -> list[str]:
         """Published embedding versions, sorted."""
-        members = await self.redis.smembers(keys.embedding_versions())
+        try:
+            members = await self.redis.smembers(keys.embedding_versions())
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            raise RedisUnavailable(
+                f"Redis did not answer listing embedding versions: {exc}"
+            ) from exc
         return sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members)
 
     async def delete_version(self, version: str, *, force: bool = False) -> int:
