@@ -436,6 +436,12 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
 
     path = Path(args.artifact) if args.artifact else newest_artifact(settings.artifacts_dir)
     artifact = load_artifact(path, artifacts_dir=settings.artifacts_dir)
+    if getattr(artifact.spec, "profile_sizes", ()):
+        raise StreamrankError(
+            f"{artifact.version} takes a user profile input, which the scoring worker does not "
+            "serve (requests carry no profile); replay a profile-free artifact (the default of "
+            "`streamrank train`)"
+        )
     cases = load_cases(artifact.path / CANDIDATES_FILE, limit=args.users)
     _say(f"artifact {artifact.path}: {len(cases)} test users")
     run_dir = Path(settings.run_dir).resolve() / "replay"
