@@ -123,13 +123,23 @@ def dataset_clicks(ds: Any, *, run: str, now_ms: Any = None) -> Iterator[ClickEv
             )
 
 
-def pick_user_and_items(ds: Any, *, horizon: int, seed: int = 0) -> tuple[str, list[str], set[str]]:
-    """A user active early in the stream, and candidates: items that user clicks later in the
+def pick_user_and_items(
+    ds: Any, *, horizon: int, max_events: int, seed: int = 0
+) -> tuple[str, list[str], set[str]]:
+    """A user active in the first ``horizon`` events, and candidates: items that user clicks later in the
     stream plus random others (so a good model visibly ranks the later clicks high)."""
     rows = np.lexsort((np.arange(ds.n_events), ds.ts))
     early = ds.user_ids[rows[:horizon]]
-    names, counts = np.unique(early, return_counts=True)
-    user = str(names[int(np.argmax(counts))])
+    names, first, inverse, counts = np.unique(
+        early, return_index=True, return_inverse=True, return_counts=True
+    )
+    last = np.zeros(len(names), dtype=np.int64)
+    np.maximum.at(last, inverse, np.arange(len(early)))
+    # Someone whose clicks are spread over the window and do not overflow the sequence at once
+    # (MovieLens users often rate hundreds of films in one sitting): the sequence visibly fills.
+    spread = np.where((counts >= 5) & (counts <= max_events), last - first, -1)
+    pick = int(np.argmax(spread)) if spread.max() > 0 else int(np.argmax(counts))
+    user = str(names[pick])
     mine = rows[ds.user_ids[rows] == user]
     later = list(dict.fromkeys(ds.items[int(ds.item_index[r])] for r in mine[len(mine) // 2 :]))
     rng = np.random.default_rng(seed)
@@ -248,7 +258,9 @@ async def run_demo(
         for kind, handle in handles.items():
             metrics = f"http://127.0.0.1:{ports[kind]}/metrics" if ports[kind] else "off"
             say(f"{kind} worker pid {handle.pid} ready (log {handle.log_path}; metrics {metrics})")
-        user, items, later = pick_user_and_items(model.dataset, horizon=max(1000, int(rate * 30)))
+        user, items, later = pick_user_and_items(
+            model.dataset, horizon=max(1000, int(rate * 30)), max_events=settings.sequence_length
+        )
         say(f"producing {rate:.0f} clicks/s; watching user {user}; press Ctrl-C to stop")
         producer = AIOKafkaProducer(**settings.kafka_client_kwargs(), acks="all", linger_ms=5)
         await producer.start()
