@@ -184,6 +184,10 @@ def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
         STREAMRANK_SEQUENCE_LENGTH=str(settings.sequence_length),
         STREAMRANK_SCORING_BATCH_MAX=str(settings.scoring_batch_max),
         STREAMRANK_SCORING_BATCH_WAIT_MS=str(settings.scoring_batch_wait_ms),
+        STREAMRANK_SCORING_PIPELINE_DEPTH=str(settings.scoring_pipeline_depth),
+        STREAMRANK_SCORING_FETCH_WAIT_MS=str(settings.scoring_fetch_wait_ms),
+        STREAMRANK_TORCH_INTEROP_THREADS=str(settings.torch_interop_threads),
+        STREAMRANK_CACHE_POLICY=settings.cache_policy,
         STREAMRANK_TORCH_THREADS=str(settings.torch_threads),
         STREAMRANK_CACHE_BYTES=str(settings.cache_bytes),
         STREAMRANK_METRICS_PORT="0",
@@ -334,6 +338,7 @@ async def _run(args: argparse.Namespace, base: Settings, stack_kind: str) -> dic
         "users": args.users, "zipf": args.zipf, "saturation_requests": args.saturation_requests,
         "rate_seconds": args.rate_seconds, "batch_max": settings.scoring_batch_max,
         "batch_wait_ms": settings.scoring_batch_wait_ms, "torch_threads": settings.torch_threads,
+        "pipeline_depth": settings.scoring_pipeline_depth,
         "cpus": os.cpu_count(), "stack": stack_kind, "encoding": "int8",
     }  # fmt: skip
     result["setup"] = timings

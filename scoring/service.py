@@ -9,8 +9,6 @@ fallback scores and feeds the circuit breaker.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -111,7 +109,6 @@ class RankService:
         forward_mode: ForwardMode = "batched",
         log_served: bool = False,
         recent: RecentIds | None = None,
-        executor: concurrent.futures.Executor | None = None,
         clock_ms: Callable[[], int] = now_ms,
     ) -> None:
         self._features = features
@@ -123,7 +120,6 @@ class RankService:
         self._mode: ForwardMode = forward_mode
         self._log_served = log_served
         self._recent = recent
-        self._executor = executor
         self._clock_ms = clock_ms
 
     # --- the batch --------------------------------------------------------------------------
@@ -181,9 +177,9 @@ class RankService:
                 )
                 t2 = time.perf_counter()
                 hist, cands = gather(rows, assembled)
-                probs = await self._forward(
+                probs = forward(
                     serving.scorers[group.version], hist, assembled.hist_mask, cands,
-                    assembled.cand_mask,
+                    assembled.cand_mask, mode=self._mode,
                 )  # [B, C]  # fmt: skip
                 t3 = time.perf_counter()
                 t_lookup += t2 - t1
@@ -214,16 +210,6 @@ class RankService:
             )
             out.append(Ranked(result, served))
         return out
-
-    async def _forward(self, scorer: Scorer, *arrays: np.ndarray) -> np.ndarray:
-        """The forward on the scorer thread (torch releases the GIL: the event loop keeps
-        consuming and producing meanwhile), or inline when no executor was given."""
-        if self._executor is None:
-            return forward(scorer, *arrays, mode=self._mode)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._executor, functools.partial(forward, scorer, *arrays, mode=self._mode)
-        )
 
     # --- degradation ------------------------------------------------------------------------
 

@@ -189,7 +189,7 @@ class Settings(BaseSettings):
         "streamrank-scoring", description="Consumer group of scoring workers."
     )
     scoring_forward: Literal["batched", "per_request"] = Field(
-        "batched",
+        "per_request",
         description="One DIN forward per micro-batch (padded across requests) or one per request.",
     )
     scoring_fetch_wait_ms: int = Field(
@@ -201,8 +201,8 @@ class Settings(BaseSettings):
     scoring_pipeline_depth: int = Field(
         2,
         ge=1,
-        description="Micro-batches in flight in a scoring worker: one batch's forward (on the "
-        "scorer thread) overlaps the next one's Kafka and Redis work; offsets commit in order.",
+        description="Micro-batches in flight in a scoring worker: one batch's compute overlaps "
+        "the other's Redis and broker round trips; offsets still commit in order.",
     )
     scoring_poll_s: float = Field(
         1.0, gt=0, description="How often the scoring worker polls the model version pointers."
