@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -297,6 +298,23 @@ async def run_demo(
         )
 
 
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """SIGINT and SIGTERM raise KeyboardInterrupt while the (synchronous) training runs, so the
+    stack is still stopped: a background process inherits an ignored SIGINT, and SIGTERM would
+    end the process without running any ``finally``."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
     from streamrank.cli import run_until_signalled
     from streamrank.cli_stack import stack_from
@@ -315,7 +333,8 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
         f"redis {status['redis']['url']} up={status['redis']['up']}"
     )
     try:
-        model = prepare_model(settings, synthetic=args.synthetic, progress=not args.no_progress)
+        with _interruptible():
+            model = prepare_model(settings, synthetic=args.synthetic, progress=not args.no_progress)
         run_until_signalled(
             run_demo(
                 settings,
