@@ -242,16 +242,20 @@ def _hit_rates(
 async def _time_interleaved(
     calls: dict[str, Callable[[list[str]], Any]], batches: list[list[str]], warm: int
 ) -> dict[str, dict[str, float]]:
-    """Per-batch latency of each call, the calls taking turns on every batch (so background
-    noise on a shared machine hits all of them alike); the first ``warm`` batches untimed.
+    """Per-batch latency of each call, the calls taking turns on every batch in rotating order
+    (so background noise on a shared machine hits all of them alike); the first ``warm``
+    batches untimed.
 
     Besides wall time, ``cpu_*`` is this thread's CPU time per call: the client's own work,
     without the time Redis takes or the time the OS gives to other processes.
     """
     samples: dict[str, list[float]] = {name: [] for name in calls}
     cpu: dict[str, list[float]] = {name: [] for name in calls}
+    order = list(calls.items())
     for k, batch in enumerate(tqdm(batches, desc="lookups", unit="batch")):
-        for name, call in calls.items():
+        # Rotate who goes first: the first call after the progress bar's update pays for it.
+        shift = k % len(order)
+        for name, call in order[shift:] + order[:shift]:
             started, started_cpu = time.perf_counter(), time.thread_time()
             await call(batch)
             if k >= warm:

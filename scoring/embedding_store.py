@@ -230,6 +230,16 @@ class EmbeddingStore:
         client = aioredis.Redis.from_url(url, decode_responses=False, **client_kwargs)
         return cls(redis=client, owns_client=True, **kwargs)
 
+    @classmethod
+    def from_settings(cls, settings: Any) -> EmbeddingStore:
+        """A store owning a client on ``settings.redis_dsn`` with the settings' timeouts/TLS."""
+        return cls.from_url(
+            settings.redis_dsn,
+            client_kwargs=settings.redis_client_kwargs(),
+            fetch_mode=settings.embedding_fetch_mode,
+            configure_redis=settings.embedding_configure_redis,
+        )
+
     async def close(self) -> None:
         if self._owns_client:
             await self.redis.aclose()
@@ -576,13 +586,19 @@ class EmbeddingStore:
 
     async def versions(self) -> list[str]:
         """Published embedding versions, sorted."""
-        members = await self.redis.smembers(keys.embedding_versions())
+        try:
+            members = await self.redis.smembers(keys.embedding_versions())
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            raise RedisUnavailable(
+                f"Redis did not answer listing embedding versions: {exc}"
+            ) from exc
         return sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members)
 
     async def delete_version(self, version: str, *, force: bool = False) -> int:
         """Delete every key of ``version`` (SCAN + UNLINK in batches); returns keys deleted.
 
-        The metas go first, so a concurrent reader sees UnknownVersion rather than half a table.
+        That includes the model keys ``streamrank publish`` wrote (dense weights, config). The
+        metas go first, so a concurrent reader sees UnknownVersion rather than half a table.
         Refuses the active model version (``sr:model:active``) unless ``force``.
         """
         check_name("version", version)
@@ -593,7 +609,12 @@ class EmbeddingStore:
                 "(or pass force)"
             )
         known = version in await self.versions()
-        deleted = await self._delete_matching(keys.embedding_meta_pattern(version))
+        # The model keys go first: without its config a version no longer counts as published,
+        # so neither `activate` nor a scoring worker can pick it up while its rows disappear.
+        deleted = int(
+            await self.redis.unlink(keys.model_config(version), keys.model_dense(version))
+        )
+        deleted += await self._delete_matching(keys.embedding_meta_pattern(version))
         deleted += await self._delete_matching(keys.embedding_version_pattern(version))
         await self.redis.srem(keys.embedding_versions(), version)
         if not known and deleted == 0:
