@@ -97,6 +97,8 @@ class ScoringWorker:
         self.watcher: VersionWatcher | None = None
         self.service: RankService | None = None
         self._stopping = asyncio.Event()
+        self._answered: dict[TopicPartition, int] = {}  # next offset to commit, per partition
+        self._last_commit = 0.0
         self.batches = 0
 
     async def start(self) -> None:
@@ -164,6 +166,8 @@ class ScoringWorker:
         self._stopping.set()
         if self.watcher is not None:
             await self.watcher.stop()
+        with contextlib.suppress(Exception):  # what was answered is not asked again
+            await self.commit_answered()
         for client in (self._consumer, self._producer):
             if client is not None:
                 with contextlib.suppress(Exception):
@@ -227,6 +231,7 @@ class ScoringWorker:
                     inflight.append(asyncio.create_task(self.process(records, after=previous)))
             while inflight:
                 await inflight.popleft()
+            await self.commit_answered()
         finally:
             for task in inflight:
                 task.cancel()
@@ -353,8 +358,21 @@ class ScoringWorker:
             return False
 
     async def _commit(self, records: Sequence[ConsumerRecord[Any, Any]]) -> None:
-        assert self._consumer is not None
-        offsets = {tp: last + 1 for tp, last in _last_offsets(records).items()}
+        """Mark a batch answered; commit what is marked at most every
+        ``scoring_commit_interval_ms`` (each commit is a broker round trip; committing less
+        often only means more duplicate replies after a crash, never a lost request)."""
+        for tp, last in _last_offsets(records).items():
+            self._answered[tp] = max(self._answered.get(tp, 0), last + 1)
+        interval_s = self.settings.scoring_commit_interval_ms / 1000
+        if time.monotonic() - self._last_commit >= interval_s:
+            await self.commit_answered()
+
+    async def commit_answered(self) -> None:
+        """Commit the offsets of every batch answered so far."""
+        if self._consumer is None or not self._answered:
+            return
+        offsets, self._answered = self._answered, {}
+        self._last_commit = time.monotonic()
         try:
             await self._consumer.commit(offsets)
         except (CommitFailedError, KafkaError) as exc:

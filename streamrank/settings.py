@@ -204,6 +204,12 @@ class Settings(BaseSettings):
         description="Micro-batches in flight in a scoring worker: one batch's compute overlaps "
         "the other's Redis and broker round trips; offsets still commit in order.",
     )
+    scoring_commit_interval_ms: int = Field(
+        100,
+        ge=0,
+        description="Scoring workers commit answered offsets at most this often (0: after "
+        "every batch); a crash in between only repeats replies, it never loses a request.",
+    )
     scoring_poll_s: float = Field(
         1.0, gt=0, description="How often the scoring worker polls the model version pointers."
     )

@@ -182,3 +182,23 @@ def private_redis(run_dir: Path) -> Iterator[PrivateRedis]:
         if server.proc is not None:
             server.proc.terminate()
             server.proc.wait(timeout=10)
+
+
+async def committed_total(settings: Settings) -> int:
+    """Sum over the request topic's partitions of the scoring group's committed offsets."""
+    from aiokafka import TopicPartition
+
+    consumer = AIOKafkaConsumer(
+        **settings.kafka_client_kwargs(), group_id=settings.scoring_group_id,
+        enable_auto_commit=False,
+    )  # fmt: skip
+    await consumer.start()
+    try:
+        await consumer._client.force_metadata_update()
+        partitions = consumer.partitions_for_topic(settings.topic_requests) or set()
+        total = 0
+        for p in partitions:
+            total += await consumer.committed(TopicPartition(settings.topic_requests, p)) or 0
+        return total
+    finally:
+        await consumer.stop()

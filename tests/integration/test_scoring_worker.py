@@ -24,6 +24,7 @@ from streamrank import keys
 from streamrank.settings import Settings
 from streamrank.topics import create_topics
 from tests.integration.scoring_support import (
+    committed_total,
     item_ids,
     offline_scores,
     private_redis,
@@ -103,6 +104,7 @@ async def test_normal_path_cold_start_and_oov(
     assert result.scores[3] == pytest.approx(float(oov_other[0]), abs=1e-5)
     ok = worker.metrics.requests.labels("ok", "")._value.get()
     assert ok == 2
+    assert await committed_total(settings) == 2  # both answered requests are committed
 
 
 async def test_expired_deadline_gets_a_degraded_reply_without_compute(
