@@ -72,6 +72,8 @@ def check_matrix(ids: Sequence[str], matrix: object, encoding: str, dim: int | N
     rows, width = matrix.shape
     if rows != len(ids):
         raise EmbeddingError(f"matrix has {rows} rows but {len(ids)} ids were given")
+    if rows == 0:
+        raise EmbeddingError("no rows to publish (0 ids): a table needs at least one row")
     if width < 1:
         raise EmbeddingError("matrix has dim 0")
     if dim is not None and width != dim:

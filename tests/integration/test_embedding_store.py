@@ -184,6 +184,7 @@ async def test_bad_input_is_rejected_before_anything_is_written(
         (dict(ids=ids[:9], matrix=good), "10 rows but 9 ids"),
         (dict(ids=ids, matrix=good.astype(np.int32)), "dtype is int32"),
         (dict(ids=ids, matrix=good, oov_row=[1.0]), "oov_row"),
+        (dict(ids=[], matrix=good[:0]), "no rows to publish"),
     ]
     for kwargs, message in cases:
         with pytest.raises(EmbeddingError, match=message):

@@ -61,6 +61,8 @@ def test_matrix_checks_name_the_offending_ids() -> None:
         check_matrix(ids, m.tolist(), "int8", None)
     with pytest.raises(EmbeddingError, match="unknown encoding"):
         check_matrix(ids, m, "int4", None)
+    with pytest.raises(EmbeddingError, match="no rows to publish"):
+        check_matrix([], m[:0], "int8", None)
 
 
 def test_oov_row() -> None:
