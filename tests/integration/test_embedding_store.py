@@ -281,3 +281,22 @@ async def test_client_must_return_bytes(stack: StackInfo) -> None:
     with pytest.raises(ConfigError, match="decode_responses=False"):
         EmbeddingStore(redis=text)
     await text.aclose()
+
+
+@pytest.mark.parametrize("fetch_mode", ["script", "pipeline"])
+async def test_unicode_ids_round_trip(client: CountingRedis, unique: str, fetch_mode: str) -> None:
+    # Ids travel as UTF-8 (bucket hash, HSET field, the script's \x1f-joined argument).
+    store = EmbeddingStore(redis=client, fetch_mode=fetch_mode)  # type: ignore[arg-type]
+    version = f"uni-{fetch_mode}-{unique}"
+    ids = ["café", "東京", "🎬-42", "a,b", "naïve ", "ß" * 40, *(f"é{k}" for k in range(200))]
+    m = matrix(len(ids), 16, seed=12)
+    await store.publish("item", ids, m, encoding="fp16", version=version, progress=False)
+    asked = ["🎬-42", "cafe", "東京", "café", "a,b", "ß" * 40, "é199", "東京", "naïve"]
+    got = await store.lookup("item", asked, version=version)
+    expected = roundtrip(m, "fp16")
+    for k, i in enumerate(asked):
+        if i in ids:
+            assert np.array_equal(got[k], expected[ids.index(i)]), i
+        else:
+            assert not got[k].any(), i  # "cafe" and "naïve" (no trailing space) are unknown
+    await store.delete_version(version)
