@@ -280,7 +280,7 @@ class EmbeddingStore:
         id_list = check_ids(ids)
         m32 = check_matrix(id_list, matrix, encoding, dim)
         n, width = m32.shape
-        oov = check_oov_row(oov_row, width)
+        oov = check_oov_row(oov_row, width, encoding)
         try:
             if await self.redis.exists(keys.embedding_meta(version, table)):
                 raise EmbeddingError(

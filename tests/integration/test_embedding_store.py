@@ -193,6 +193,10 @@ async def test_bad_input_is_rejected_before_anything_is_written(
         await store.publish("it:em", ids, good, encoding="int8", version=version, progress=False)
     with pytest.raises(EmbeddingError, match="unknown encoding"):
         await store.publish("item", ids, good, encoding="int4", version=version, progress=False)
+    with pytest.raises(EmbeddingError, match="oov_row exceeds the fp16 range"):
+        await store.publish(
+            "item", ids, good, encoding="fp16", version=version, oov_row=[1e5] * 4, progress=False
+        )
     assert await keys_of(client, version) == []
     assert version not in await store.versions()
 
