@@ -137,16 +137,6 @@ class EncodedRows:
     blob: bytes
     found: npt.NDArray[np.bool_]
 
-    def row(self, i: int) -> bytes | None:
-        """Row ``i``'s bytes, or None when its id is unknown."""
-        if not self.found[i]:
-            return None
-        w = self.meta.row_bytes
-        return self.blob[i * w : (i + 1) * w]
-
-    def as_list(self) -> list[bytes | None]:
-        return [self.row(i) for i in range(len(self.found))]
-
     def decode(self) -> FloatMatrix:
         """``float32[n, dim]``, the table's OOV row where an id is unknown (one vectorised pass)."""
         meta = self.meta
@@ -221,7 +211,6 @@ class EmbeddingStore:
         self._script = redis.register_script(_FETCH_LUA)
         self._metas: dict[tuple[str, str], TableMeta] = {}
         self.oov_total = 0  # unknown ids served the OOV row (per requested occurrence)
-        self.fetches = 0  # round trips made by fetch_encoded
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> EmbeddingStore:
@@ -402,7 +391,7 @@ class EmbeddingStore:
         progress: bool,
     ) -> int:
         """One HSET per bucket, pipelined in batches of about ``publish_batch_rows`` rows."""
-        order, unique, groups = group_by_bucket(buckets)
+        _order, unique, groups = group_by_bucket(buckets)
         flat = encoded.tobytes()
         width = encoded.shape[1]
         max_rows = 0
@@ -423,7 +412,6 @@ class EmbeddingStore:
             if pending:
                 await pipe.execute()
                 bar.update(pending)
-        del order
         return max_rows
 
     async def _is_compact(self, version: str, table: str, buckets: npt.NDArray[np.int64]) -> bool:
@@ -479,7 +467,6 @@ class EmbeddingStore:
                 pid, rows = await self._fetch(meta, unique_ids)
             except (RedisConnectionError, RedisTimeoutError) as exc:
                 raise RedisUnavailable(f"Redis did not answer an embedding fetch: {exc}") from exc
-            self.fetches += 1
             if pid is not None and pid.decode() == meta.publish_id:
                 assert rows is not None
                 return rows
