@@ -153,7 +153,9 @@ class CachedEmbeddings:
                 got, miss = [None] * len(unique), list(range(len(unique)))
                 fetched = await self._fetch(table, unique, version)
                 if fetched.meta.publish_id != meta.publish_id:
-                    raise EmbeddingError(f"{version}/{table} changed twice during one lookup; retry")
+                    raise EmbeddingError(
+                        f"{version}/{table} changed twice during one lookup; retry"
+                    )
             held = self._held(fetched)
             for k, value in zip(miss, held, strict=True):
                 got[k] = value
