@@ -152,6 +152,11 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _split_versions(split: str) -> set[str]:
+    """The versions named in a canary split ``"din-a:0.9,din-b:0.1"`` (weights ignored)."""
+    return {chunk.strip().rpartition(":")[0] or chunk.strip() for chunk in split.split(",")}
+
+
 def _parse_meta(version: str, table: str, raw: dict[bytes, bytes]) -> TableMeta:
     try:
         return TableMeta(
@@ -586,14 +591,20 @@ class EmbeddingStore:
 
         That includes the model keys ``streamrank publish`` wrote (dense weights, config). The
         metas go first, so a concurrent reader sees UnknownVersion rather than half a table.
-        Refuses the active model version (``sr:model:active``) unless ``force``.
+        Refuses a version the scoring worker may serve, the active one (``sr:model:active``) or
+        one in the canary split (``sr:model:split``), unless ``force``.
         """
         check_name("version", version)
-        active = await self.redis.get(keys.active_model())
+        active, split = await self.redis.mget([keys.active_model(), keys.model_split()])
         if active is not None and _text(active) == version and not force:
             raise EmbeddingError(
                 f"version {version!r} is the active model version; activate another first "
                 "(or pass force)"
+            )
+        if split is not None and version in _split_versions(_text(split)) and not force:
+            raise EmbeddingError(
+                f"version {version!r} is in the canary split {keys.model_split()} "
+                f"({_text(split)!r}); take it out of the split first (or pass force)"
             )
         known = version in await self.versions()
         # The model keys go first: without its config a version no longer counts as published,

@@ -146,6 +146,30 @@ async def test_delete_refuses_the_active_model_version(
             await client.set(keys.active_model(), previous)
 
 
+async def test_delete_refuses_a_version_in_the_canary_split(
+    store: EmbeddingStore, client: CountingRedis, unique: str
+) -> None:
+    # The scoring worker serves every version of sr:model:split, not only sr:model:active.
+    version, other = f"canary-{unique}", f"other-{unique}"
+    for v in (version, other):
+        await store.publish(
+            "item", ["a"], matrix(1, 4, 5), encoding="int8", version=v, progress=False
+        )
+    previous = await client.get(keys.model_split())
+    await client.set(keys.model_split(), f"din-main-{unique}:0.9, {version}:0.1")
+    try:
+        with pytest.raises(EmbeddingError, match=f"{version!r} is in the canary split"):
+            await store.delete_version(version)
+        assert version in await store.versions()
+        assert await store.delete_version(other) >= 2  # not in the split
+        assert await store.delete_version(version, force=True) >= 2
+    finally:
+        if previous is None:
+            await client.delete(keys.model_split())
+        else:
+            await client.set(keys.model_split(), previous)
+
+
 async def test_deleted_and_republished_version_is_reread(
     client: CountingRedis, unique: str
 ) -> None:
