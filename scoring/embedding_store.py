@@ -595,6 +595,15 @@ class EmbeddingStore:
         one in the canary split (``sr:model:split``), unless ``force``.
         """
         check_name("version", version)
+        try:
+            return await self._delete_version(version, force=force)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            raise RedisUnavailable(
+                f"Redis failed while deleting version {version!r} ({exc}); run the delete again "
+                "(it resumes: every step is idempotent)"
+            ) from exc
+
+    async def _delete_version(self, version: str, *, force: bool) -> int:
         active, split = await self.redis.mget([keys.active_model(), keys.model_split()])
         if active is not None and _text(active) == version and not force:
             raise EmbeddingError(

@@ -194,6 +194,8 @@ async def test_redis_down_is_a_retriable_error() -> None:
         assert info.value.retriable
         with pytest.raises(RedisUnavailable):
             await down.versions()
+        with pytest.raises(RedisUnavailable, match="deleting version 'v1'"):
+            await down.delete_version("v1")
 
 
 @pytest.mark.parametrize("second_encoding", ["int8", "fp16"])
