@@ -365,6 +365,12 @@ class EmbeddingStore:
                     f"{need_value} in redis.conf, or use a smaller encoding"
                 ) from exc
             return max_entries
+        if max_entries < 1:
+            raise EmbeddingError(
+                f"this Redis has hash-max-ziplist-entries {max_entries}, so no hash is ever "
+                f"compact and rows would cost several times the memory: set it to "
+                f"{DEFAULT_MAX_ENTRIES} (the default) in redis.conf"
+            )
         if need_value > max_value:
             if not self.configure_redis:
                 raise EmbeddingError(

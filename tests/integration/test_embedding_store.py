@@ -266,6 +266,24 @@ async def test_one_round_trip_per_batch(
     await store.delete_version(version)
 
 
+async def test_a_zero_ziplist_entries_limit_is_a_clear_error(
+    client: CountingRedis, unique: str
+) -> None:
+    conf = await client.config_get("hash-max-ziplist-entries")
+    original = int(conf.get("hash-max-ziplist-entries", conf.get(b"hash-max-ziplist-entries")))
+    await client.config_set("hash-max-ziplist-entries", 0)
+    try:
+        store = EmbeddingStore(redis=client)
+        with pytest.raises(EmbeddingError, match="hash-max-ziplist-entries 0"):
+            await store.publish(
+                "item", ["a"], matrix(1, 8, 1), encoding="int8", version=f"ze-{unique}",
+                progress=False,
+            )  # fmt: skip
+        assert await keys_of(client, f"ze-{unique}") == []
+    finally:
+        await client.config_set("hash-max-ziplist-entries", original)
+
+
 async def test_fp32_needs_a_larger_ziplist_value_limit(client: CountingRedis, unique: str) -> None:
     original = await ziplist_value(client)
     await client.config_set("hash-max-ziplist-value", 64)
