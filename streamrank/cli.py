@@ -15,7 +15,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import aiokafka.errors
 import orjson
+import redis.exceptions
 
 from streamrank import __version__
 from streamrank.errors import StreamrankError
@@ -144,6 +146,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args, settings)
     except StreamrankError as exc:
         print(f"streamrank: {exc}", file=sys.stderr)
+        return 1
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        print(
+            f"streamrank: cannot reach Redis ({exc}); is the stack up (`streamrank stack up`) "
+            "or STREAMRANK_REDIS_URL right?",
+            file=sys.stderr,
+        )
+        return 1
+    except aiokafka.errors.KafkaConnectionError as exc:
+        print(
+            f"streamrank: cannot reach Kafka at {settings.kafka_bootstrap} ({exc}); is the stack "
+            "up (`streamrank stack up`) or STREAMRANK_KAFKA_BOOTSTRAP right?",
+            file=sys.stderr,
+        )
         return 1
     except KeyboardInterrupt:
         print("streamrank: interrupted", file=sys.stderr)
