@@ -88,7 +88,10 @@ class FeaturesConsumer(faust_aiokafka.Consumer):
                     if last is not None and message.offset > last + 1:
                         await self._add_gap(tp, last + 1, message.offset - 1)
                     read_offset[tp] = message.offset
-                records = [Record(m.topic, m.partition, m.offset, m.key, m.value) for m in messages]
+                records = [
+                    Record(m.topic, m.partition, m.offset, m.key, m.value, m.timestamp)
+                    for m in messages
+                ]
                 inflight.append((asyncio.ensure_future(handler(records)), messages))
                 while inflight and (len(inflight) >= max_inflight or inflight[0][0].done()):
                     await finish_oldest()
@@ -115,7 +118,14 @@ class FeaturesApp(faust.App):
 
 
 def _record(message: Any) -> Record:
-    return Record(message.topic, message.partition, message.offset, message.key, message.value)
+    return Record(
+        message.topic,
+        message.partition,
+        message.offset,
+        message.key,
+        message.value,
+        message.timestamp,
+    )
 
 
 def _credentials(settings: Any) -> Any:
