@@ -87,6 +87,10 @@ class CachedEmbeddings:
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
         self.metrics = EmbeddingCacheMetrics.build(registry)
+        # Gauges are computed when scraped: nothing to update on the lookup path.
+        self.metrics.hit_ratio.set_function(self._hit_ratio)
+        self.metrics.bytes_used.set_function(lambda: self.policy.used)
+        self.metrics.entries.set_function(lambda: len(self.policy))
         self._oov: dict[tuple[str, str], bytes] = {}  # the OOV row in the held form, per table
         self._hits = 0
         self._misses = 0
@@ -129,7 +133,9 @@ class CachedEmbeddings:
 
     async def lookup(self, version: str, table: str, ids: Sequence[str]) -> FloatMatrix:
         """``float32[len(ids), dim]``; ids may repeat; unknown ids get the table's OOV row."""
-        unique = list(dict.fromkeys(ids))
+        pos: dict[str, int] = {}
+        inverse = [pos.setdefault(i, len(pos)) for i in ids]  # dedupe, remembering positions
+        unique = list(pos)
         keys = [(version, table, u) for u in unique]
         got = self.policy.get_many(keys)
         miss = [k for k, v in enumerate(got) if v is None]
@@ -156,9 +162,7 @@ class CachedEmbeddings:
             decoded = np.frombuffer(b"".join(rows), dtype=np.float32).reshape(len(rows), meta.dim)
         if len(unique) == len(ids):
             return decoded if self.hold == "encoded" else decoded.copy()
-        pos = {u: k for k, u in enumerate(unique)}
-        inverse = np.fromiter((pos[i] for i in ids), dtype=np.int64, count=len(ids))  # [n]
-        return decoded[inverse]  # [n, dim]
+        return decoded[np.array(inverse, dtype=np.intp)]  # [n, dim]
 
     def _account(self, *, hits: int, misses: int, oov: int) -> None:
         m = self.metrics
@@ -175,10 +179,6 @@ class CachedEmbeddings:
         if evicted:
             m.evictions.inc(evicted)
             self._evictions_seen = self.policy.evictions
-        total = self._hits + self._misses
-        m.hit_ratio.set(self._hits / total if total else 0.0)
-        m.bytes_used.set(self.policy.used)
-        m.entries.set(len(self.policy))
 
     async def warm(self, version: str, table: str, ids: Sequence[str], *, chunk: int = 1000) -> int:
         """Preload rows of ``ids`` (most important first) while there is room; never evicts.
@@ -203,8 +203,6 @@ class CachedEmbeddings:
             loaded += added
             if added < len(found_keys):
                 break  # full
-        self.metrics.bytes_used.set(self.policy.used)
-        self.metrics.entries.set(len(self.policy))
         logger.info("warmed %s rows of %s/%s into the embedding cache", loaded, version, table)
         return loaded
 
@@ -222,6 +220,10 @@ class CachedEmbeddings:
             return 0
         scores = await source.item_popularity(list(candidate_ids))
         return await self.warm(version, table, top_k(list(candidate_ids), scores, k))
+
+    def _hit_ratio(self) -> float:
+        total = self._hits + self._misses
+        return self._hits / total if total else 0.0
 
     def stats(self) -> dict[str, Any]:
         total = self._hits + self._misses

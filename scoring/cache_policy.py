@@ -16,6 +16,7 @@ Hot path: the sketch is bumped for a whole batch with numpy; the per-key work is
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
@@ -31,6 +32,11 @@ _SEEDS = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB8
 _COUNTER_MAX = 15  # 4-bit counters, as in TinyLFU
 
 
+def _hashes(keys: Sequence[Hashable]) -> npt.NDArray[np.uint64]:
+    """Python's hash of each key as uint64 (in-process only: the sketch never leaves the process)."""
+    return np.array([hash(k) for k in keys], dtype=np.int64).view(np.uint64)
+
+
 class CountMinSketch:
     """4-row count-min sketch of saturating 4-bit counters with periodic halving (aging)."""
 
@@ -43,21 +49,23 @@ class CountMinSketch:
         # bytearrays for fast scalar reads in estimate(), numpy views of them for batch updates
         self._raw = bytearray(len(_SEEDS) * self.width)
         self.table = np.frombuffer(self._raw, dtype=np.uint8).reshape(len(_SEEDS), self.width)
+        self._flat = self.table.reshape(-1)  # [4 * width] view
         self._seeds = np.array(_SEEDS, dtype=np.uint64)[:, None]  # [4, 1]
-        self._rows = np.arange(len(_SEEDS))[:, None]  # [4, 1]
+        self._offsets = (np.arange(len(_SEEDS), dtype=np.uint64) * np.uint64(self.width))[:, None]
 
-    def _indexes(self, hashes: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+    def _indexes(self, hashes: npt.NDArray[np.uint64]) -> npt.NDArray[np.intp]:
+        """Flat cell index of each key in each row: ``[4, n]`` into ``self._flat``."""
         with np.errstate(over="ignore"):
-            return ((hashes[None, :] * self._seeds) >> np.uint64(self._shift)).astype(np.int64)
+            rows = (hashes[None, :] * self._seeds) >> np.uint64(self._shift)  # [4, n]
+            return (rows + self._offsets).astype(np.intp)
 
     def add_many(self, keys: Sequence[Hashable]) -> None:
         """Count one access of each key (vectorised over the batch)."""
         if not keys:
             return
-        hashes = np.fromiter((hash(k) & _MASK64 for k in keys), dtype=np.uint64, count=len(keys))
-        idx = self._indexes(hashes)  # [4, n]
-        cells = self.table[self._rows, idx]  # [4, n]
-        self.table[self._rows, idx] = np.minimum(cells + 1, _COUNTER_MAX)
+        idx = self._indexes(_hashes(keys))  # [4, n]
+        flat = self._flat
+        flat[idx] = np.minimum(flat[idx] + 1, _COUNTER_MAX)
         self.additions += len(keys)
         if self.additions >= self.sample:
             self.table >>= 1
@@ -76,9 +84,12 @@ class CountMinSketch:
             t[3 * w + (((h * _SEEDS[3]) & _MASK64) >> s)],
         )
 
-    def estimate_many(self, keys: Sequence[Hashable]) -> npt.NDArray[np.uint8]:
-        hashes = np.fromiter((hash(k) & _MASK64 for k in keys), dtype=np.uint64, count=len(keys))
-        return self.table[self._rows, self._indexes(hashes)].min(axis=0)
+    def estimate_many(self, keys: Sequence[Hashable]) -> list[int]:
+        """``estimate`` of each key, vectorised."""
+        if not keys:
+            return []
+        est = self._flat[self._indexes(_hashes(keys))].min(axis=0)  # [n]
+        return est.tolist()
 
 
 class CachePolicy(Protocol):
@@ -192,21 +203,26 @@ class TinyLfuPolicy(Generic[K, V]):
 
     def get_many(self, keys: Sequence[K]) -> list[V | None]:
         self.sketch.add_many(keys)
-        window, probation, protected = self._window, self._probation, self._protected
+        protected_get = self._protected.get
+        protected_touch = self._protected.move_to_end
+        window_get = self._window.get
+        window_touch = self._window.move_to_end
+        probation_pop = self._probation.pop
         out: list[V | None] = []
+        append = out.append
         for k in keys:
-            v = protected.get(k)
+            v = protected_get(k)
             if v is not None:
-                protected.move_to_end(k)
+                protected_touch(k)
             else:
-                v = window.get(k)
+                v = window_get(k)
                 if v is not None:
-                    window.move_to_end(k)
+                    window_touch(k)
                 else:
-                    v = probation.pop(k, None)
+                    v = probation_pop(k, None)
                     if v is not None:
                         self._promote(k, v)
-            out.append(v)
+            append(v)
         return out
 
     def _promote(self, key: K, value: V) -> None:
@@ -223,58 +239,74 @@ class TinyLfuPolicy(Generic[K, V]):
             self._probation_used += s
 
     def put_many(self, keys: Sequence[K], values: Sequence[V]) -> None:
+        # Hot path (every batch with misses): segment sizes live in locals until the end.
         size_of = self.size_of
+        window, probation, protected = self._window, self._probation, self._protected
+        window_used = self._window_used
         for k, v in zip(keys, values, strict=True):
-            if k in self:
+            if k in window or k in probation or k in protected:
                 continue  # filled by a concurrent lookup meanwhile
             size = size_of(v)
             if size > self.capacity:
                 continue
-            self._window[k] = v
-            self._window_used += size
-            self.used += size
-            while self._window_used > self.window_cap and self._window:
-                ck, cv = self._window.popitem(last=False)
-                cs = size_of(cv)
-                self._window_used -= cs
-                self.used -= cs
-                self._admit(ck, cv, cs)
+            window[k] = v
+            window_used += size
+        # Entries pushed out of the window, oldest first: each duels main's victim in turn.
+        candidates: list[tuple[K, V, int]] = []
+        while window_used > self.window_cap and window:
+            ck, cv = window.popitem(last=False)
+            cs = size_of(cv)
+            window_used -= cs
+            candidates.append((ck, cv, cs))
+        self._window_used = window_used
+        if candidates:
+            self._admit_all(candidates)
+        self.used = window_used + self._probation_used + self._protected_used
+
+    def _admit_all(self, candidates: list[tuple[K, V, int]]) -> None:
+        """Each candidate enters main only if it beats main's victim(s) on frequency.
+
+        The sketch is read in two batches: the candidates, and as many probation victims in
+        LRU order (admitted candidates join at the MRU end, so they are never among them).
+        """
+        size_of = self.size_of
+        probation, protected = self._probation, self._protected
+        sketch = self.sketch
+        victims = list(itertools.islice(probation, len(candidates)))
+        both = sketch.estimate_many([c[0] for c in candidates] + victims)  # one vectorised read
+        freqs = both[: len(candidates)]
+        known = dict(zip(victims, both[len(candidates) :], strict=True))
+        main_cap = self.main_cap
+        probation_used, protected_used = self._probation_used, self._protected_used
+        evictions = 0
+        for (ck, cv, cs), freq in zip(candidates, freqs, strict=True):
+            if cs > main_cap:
+                evictions += 1
+                continue
+            admitted = True
+            while probation_used + protected_used + cs > main_cap:
+                segment = probation if probation else protected
+                vk = next(iter(segment))
+                victim_freq = known.get(vk)
+                if victim_freq is None:
+                    victim_freq = sketch.estimate(vk)
+                evictions += 1
+                if victim_freq >= freq:
+                    admitted = False  # the candidate loses: dropped
+                    break
+                vs = size_of(segment.pop(vk))
+                if segment is probation:
+                    probation_used -= vs
+                else:
+                    protected_used -= vs
+            if admitted:
+                probation[ck] = cv
+                probation_used += cs
+        self._probation_used, self._protected_used = probation_used, protected_used
+        self.evictions += evictions
 
     def _main_used(self) -> int:
         return self._probation_used + self._protected_used
-
-    def _victim_segment(self) -> OrderedDict[K, V] | None:
-        if self._probation:
-            return self._probation
-        if self._protected:
-            return self._protected
-        return None
-
-    def _admit(self, key: K, value: V, size: int) -> None:
-        """The window's victim enters main only if it beats main's victim(s) on frequency."""
-        if size > self.main_cap:
-            self.evictions += 1
-            return
-        if self._main_used() + size > self.main_cap:
-            freq = self.sketch.estimate(key)
-            while self._main_used() + size > self.main_cap:
-                segment = self._victim_segment()
-                assert segment is not None  # main is over budget, so it holds something
-                vk = next(iter(segment))
-                if self.sketch.estimate(vk) >= freq:
-                    self.evictions += 1  # the candidate loses: dropped
-                    return
-                vv = segment.pop(vk)
-                vs = self.size_of(vv)
-                if segment is self._probation:
-                    self._probation_used -= vs
-                else:
-                    self._protected_used -= vs
-                self.used -= vs
-                self.evictions += 1
-        self._probation[key] = value
-        self._probation_used += size
-        self.used += size
 
     def preload(self, keys: Sequence[K], values: Sequence[V]) -> int:
         """Insert into the main segment while there is room, never evicting; counts as one access."""

@@ -11,12 +11,7 @@ from streamrank.settings import Settings
 
 def store_from(settings: Settings) -> EmbeddingStore:
     """A store owning a client on the settings' Redis."""
-    return EmbeddingStore.from_url(
-        settings.redis_dsn,
-        client_kwargs=settings.redis_client_kwargs(),
-        fetch_mode=settings.embedding_fetch_mode,
-        configure_redis=settings.embedding_configure_redis,
-    )
+    return EmbeddingStore.from_settings(settings)
 
 
 async def _versions(settings: Settings) -> list[str]:

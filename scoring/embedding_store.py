@@ -197,7 +197,7 @@ class EmbeddingStore:
         configure_redis: bool = True,
         publish_batch_rows: int = 20_000,
         bucket_fill: float = 0.6,
-        max_bucket_rows: int = 128,
+        max_bucket_rows: int = 64,
         owns_client: bool = False,
     ) -> None:
         if redis.connection_pool.connection_kwargs.get("decode_responses"):
@@ -212,8 +212,10 @@ class EmbeddingStore:
         self.configure_redis = configure_redis
         self.publish_batch_rows = publish_batch_rows
         self.bucket_fill = bucket_fill
-        # HGET scans a compact hash linearly: past ~128 rows per bucket lookups slow down while
-        # memory barely improves (the per-key overhead is already ~1 B/row), see the docs.
+        # HGET scans a compact hash linearly, so fuller buckets make every lookup slower while
+        # saving little memory: measured at 200k int8 rows, a cap of 128 / 64 / 32 rows per
+        # bucket gave 44.7 / 46.4 / 52.7 B/row and 420 / 359 / 315 us of server time per
+        # 150-id fetch (docs/embeddings.md). 64 (about 38 rows per bucket) is the middle.
         self.max_bucket_rows = max_bucket_rows
         self._owns_client = owns_client
         self._script = redis.register_script(_FETCH_LUA)
@@ -227,6 +229,16 @@ class EmbeddingStore:
         client_kwargs = kwargs.pop("client_kwargs", {})
         client = aioredis.Redis.from_url(url, decode_responses=False, **client_kwargs)
         return cls(redis=client, owns_client=True, **kwargs)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> EmbeddingStore:
+        """A store owning a client on ``settings.redis_dsn`` with the settings' timeouts/TLS."""
+        return cls.from_url(
+            settings.redis_dsn,
+            client_kwargs=settings.redis_client_kwargs(),
+            fetch_mode=settings.embedding_fetch_mode,
+            configure_redis=settings.embedding_configure_redis,
+        )
 
     async def close(self) -> None:
         if self._owns_client:
@@ -483,8 +495,13 @@ class EmbeddingStore:
         width = meta.row_bytes
         # Ids that cannot be in a table (publish refuses them) are not sent: they would break
         # the script's \x1f-joined argument.
-        askable = [bool(i) and _SEP not in i for i in ids]
-        asked = ids if all(askable) else [i for i, ok in zip(ids, askable, strict=True) if ok]
+        joined = _SEP.join(ids)
+        if all(ids) and joined.count(_SEP) == len(ids) - 1:
+            askable, asked = None, ids  # the common case, checked at C speed
+        else:
+            askable = [bool(i) and _SEP not in i for i in ids]
+            asked = [i for i, ok in zip(ids, askable, strict=True) if ok]
+            joined = _SEP.join(asked)
         if not asked:
             pid = await self.redis.hget(meta_key, "publish_id")
             return pid, EncodedRows(meta, bytes(width * len(ids)), np.zeros(len(ids), dtype=bool))
@@ -496,7 +513,7 @@ class EmbeddingStore:
                     meta.publish_id,
                     width,
                     keys.embedding_bucket_prefix(meta.version, meta.table),
-                    _SEP.join(asked),
+                    joined,
                     ",".join(map(str, buckets.tolist())),
                 ],
             )
@@ -515,7 +532,7 @@ class EmbeddingStore:
                 f"metadata and rows disagree; delete and republish version {meta.version!r}"
             )
         found = flags == ord("1")  # [asked]
-        if len(asked) != len(ids):
+        if askable is not None:
             full_found = np.zeros(len(ids), dtype=bool)
             full = np.zeros((len(ids), width), dtype=np.uint8)
             where = np.flatnonzero(askable)
@@ -551,26 +568,30 @@ class EmbeddingStore:
 
     async def lookup(self, table: str, ids: Sequence[str], *, version: str) -> FloatMatrix:
         """``float32[len(ids), dim]`` rows of ``ids`` (may repeat; unknown ids get the OOV row)."""
-        unique = list(dict.fromkeys(ids))
+        pos: dict[str, int] = {}
+        inverse = [pos.setdefault(i, len(pos)) for i in ids]  # dedupe, remembering positions
+        unique = list(pos)
         rows = await self.fetch_encoded(table, unique, version=version)
-        meta = rows.meta
         decoded = rows.decode()  # [u, dim], OOV rows filled in
         missing = int(len(unique) - rows.found.sum())
         if len(unique) == len(ids):
             self.oov_total += missing
             return decoded
-        pos = {u: k for k, u in enumerate(unique)}
-        inverse = np.fromiter((pos[i] for i in ids), dtype=np.int64, count=len(ids))  # [n]
+        index = np.array(inverse, dtype=np.intp)  # [n]
         if missing:
-            self.oov_total += int((~rows.found[inverse]).sum())
-        del meta
-        return decoded[inverse]
+            self.oov_total += int((~rows.found[index]).sum())
+        return decoded[index]
 
     # --- versions --------------------------------------------------------------------------
 
     async def versions(self) -> list[str]:
         """Published embedding versions, sorted."""
-        members = await self.redis.smembers(keys.embedding_versions())
+        try:
+            members = await self.redis.smembers(keys.embedding_versions())
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            raise RedisUnavailable(
+                f"Redis did not answer listing embedding versions: {exc}"
+            ) from exc
         return sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members)
 
     async def delete_version(self, version: str, *, force: bool = False) -> int:

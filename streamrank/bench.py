@@ -20,6 +20,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "embedding store memory, cache hit rates, lookup latency",
     ),
     "scoring": ("scoring.bench_scoring", "end-to-end ranking throughput and latency"),
+    "model": ("scoring.bench_model", "DIN forward throughput: straightforward vs serving split"),
 }
 
 

@@ -33,6 +33,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "streamrank.cli_settings",
     "scoring.cli_embeddings",
     "streams.cli",
+    "scoring.cli_model",
 )
 
 

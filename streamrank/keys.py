@@ -42,6 +42,11 @@ key                             type    contents
                                         ``sr:emb:{version}:*`` matches exactly one version's keys.
 ``sr:model:active``             string  the serving model version (``streamrank activate``).
 ``sr:model:split``              string  optional canary split, e.g. ``din-a:0.9,din-b:0.1``.
+``sr:model:{version}:dense``    string  the version's dense weights (safetensors bytes), written
+                                        by ``streamrank publish`` after the item table.
+``sr:model:{version}:config``   string  the version's config.json (UTF-8 JSON; ``encoding`` = the
+                                        one its item table was published in); written LAST, so
+                                        its presence means the version is fully published.
 ==============================  ======  ==========================================================
 """
 
@@ -124,3 +129,13 @@ def sequence_member(event_id: str, item_id: str, category: str | None) -> str:
 def category_field(category: str) -> str:
     """The field of one category's count in a coarse user counter bucket."""
     return f"c:{category}"
+
+
+def model_dense(version: str) -> str:
+    """The dense weights (safetensors bytes) of one published model version."""
+    return f"{PREFIX}:model:{version}:dense"
+
+
+def model_config(version: str) -> str:
+    """The config.json of one published model version (written last by publish)."""
+    return f"{PREFIX}:model:{version}:config"

@@ -148,3 +148,49 @@ async def test_warm_preloads_top_ids(store: EmbeddingStore, two_versions: tuple[
     # The cache is never over budget, even when asked to warm more than fits.
     await emb.warm(va, "item", IDS)
     assert emb.stats()["bytes"] <= budget
+
+
+async def test_concurrent_lookups_share_the_cache_consistently(
+    store: EmbeddingStore, two_versions: tuple[str, str]
+) -> None:
+    import asyncio
+
+    va, _ = two_versions
+    emb = CachedEmbeddings(store=store, cache_bytes=1 << 20)
+    expected = roundtrip(matrix(2000, 32, 1), "int8")
+    batches = [IDS[k : k + 100] for k in range(0, 400, 50)]  # overlapping halves
+    results = await asyncio.gather(*(emb.lookup(va, "item", b) for b in batches))
+    for k, got in zip(range(0, 400, 50), results, strict=True):
+        assert np.array_equal(got, expected[k : k + 100])
+    s = emb.stats()
+    # Each id is held once, even when two in-flight lookups fetched it.
+    assert s["entries"] == 450 and s["bytes"] == 450 * (36 + ENTRY_OVERHEAD_BYTES)
+    assert s["hits"] + s["misses"] == 800
+
+
+async def test_zero_budget_caches_nothing(
+    store: EmbeddingStore, two_versions: tuple[str, str]
+) -> None:
+    va, _ = two_versions
+    emb = CachedEmbeddings(store=store, cache_bytes=0)
+    first = await emb.lookup(va, "item", IDS[:10])
+    again = await emb.lookup(va, "item", IDS[:10])
+    assert np.array_equal(first, again)
+    assert emb.stats()["entries"] == 0 and emb.stats()["misses"] == 20
+
+
+async def test_redis_down_is_a_retriable_error() -> None:
+    from streamrank.errors import RedisUnavailable
+    from streamrank.stack import free_port
+
+    down = EmbeddingStore.from_url(
+        f"redis://127.0.0.1:{free_port()}/0",
+        client_kwargs={"socket_connect_timeout": 0.2, "socket_timeout": 0.2},
+    )
+    async with down:
+        emb = CachedEmbeddings(store=down, cache_bytes=1 << 20)
+        with pytest.raises(RedisUnavailable) as info:
+            await emb.lookup("v1", "item", ["a"])
+        assert info.value.retriable
+        with pytest.raises(RedisUnavailable):
+            await down.versions()

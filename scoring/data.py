@@ -1,0 +1,373 @@
+"""MovieLens loading (RecBole atomic and GroupLens formats) and the DIN training samples.
+
+Event ids and order: ``event_id`` is the rating's 0-based row position in the interaction
+file (header excluded), zero-padded to 8 digits, so string order = file order. A user's
+history is ordered by ``(ts, event_id)``: the same rule the streams worker uses for the Redis
+sequences, which is what makes offline and online scores comparable.
+
+Samples (leave-last-out): per user, chronological; every position ``i >= 1`` yields a positive
+(the item at ``i``) with the previous ``<= history_len`` events as history, plus one negative
+drawn (seeded) from the items the user never rated. The user's last event is test, the one
+before validation, the rest train. Test and validation candidates are the held-out positive
+plus ``n_negatives`` sampled negatives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from streamrank.errors import ArtifactError, ConfigError
+
+# The 19 genre flags of GroupLens u.item, in column order.
+GROUPLENS_GENRES: tuple[str, ...] = (
+    "unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime",
+    "Documentary", "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery",
+    "Romance", "Sci-Fi", "Thriller", "War", "Western",
+)  # fmt: skip
+
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Interactions in file order plus item categories, with string ids kept verbatim.
+
+    ``items`` is the item vocabulary (index = item index used by the model); ``item_genres``
+    holds each item's category indices (an item may have several; ``genre_mask`` marks the real
+    ones) into ``genres``.
+    """
+
+    name: str
+    user_ids: npt.NDArray[np.str_]  # [n] raw user id per event
+    item_index: IntArray  # [n] index into ``items``
+    ts: IntArray  # [n] epoch seconds
+    items: tuple[str, ...]  # [n_items] raw item ids
+    genres: tuple[str, ...]  # category vocabulary
+    item_genres: IntArray  # [n_items, G] category indices (0-padded)
+    genre_mask: npt.NDArray[np.bool_]  # [n_items, G]
+    sha256: str  # of the files read, in the order read
+    users: dict[str, dict[str, str]] = field(default_factory=dict)  # optional profile
+
+    @property
+    def n_events(self) -> int:
+        return int(self.item_index.shape[0])
+
+    def event_ids(self) -> list[str]:
+        """Zero-padded row positions (string order = file order)."""
+        return [f"{row:08d}" for row in range(self.n_events)]
+
+    def item_category(self, item: int) -> str:
+        """The item's categories joined by ``|`` (what a click event carries as category)."""
+        return "|".join(
+            self.genres[g]
+            for g, m in zip(self.item_genres[item], self.genre_mask[item], strict=True)
+            if m
+        )
+
+
+def _sha256_files(paths: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _genre_matrix(
+    item_ids: list[str], genre_lists: dict[str, list[str]]
+) -> tuple[tuple[str, ...], IntArray, npt.NDArray[np.bool_]]:
+    vocab = sorted({g for gs in genre_lists.values() for g in gs} | {"unknown"})
+    index = {g: i for i, g in enumerate(vocab)}
+    width = max((len(gs) for gs in genre_lists.values()), default=1) or 1
+    mat = np.zeros((len(item_ids), width), dtype=np.int64)  # [n_items, G]
+    mask = np.zeros((len(item_ids), width), dtype=bool)  # [n_items, G]
+    for row, item in enumerate(item_ids):
+        gs = genre_lists.get(item) or ["unknown"]  # items without metadata: the 'unknown' genre
+        mat[row, : len(gs)] = [index[g] for g in gs]
+        mask[row, : len(gs)] = True
+    return tuple(vocab), mat, mask
+
+
+def _build(
+    name: str,
+    users: list[str],
+    items: list[str],
+    ts: list[int],
+    genre_lists: dict[str, list[str]],
+    sha: str,
+    profiles: dict[str, dict[str, str]],
+) -> Dataset:
+    if not users:
+        raise ConfigError(f"{name}: no interactions found")
+    vocab = sorted(set(items), key=lambda s: (len(s), s))  # numeric-looking ids in numeric order
+    pos = {item: i for i, item in enumerate(vocab)}
+    genres, item_genres, mask = _genre_matrix(vocab, genre_lists)
+    return Dataset(
+        name=name,
+        user_ids=np.asarray(users, dtype=np.str_),
+        item_index=np.fromiter((pos[i] for i in items), dtype=np.int64, count=len(items)),
+        ts=np.asarray(ts, dtype=np.int64),
+        items=tuple(vocab),
+        genres=genres,
+        item_genres=item_genres,
+        genre_mask=mask,
+        sha256=sha,
+        users=profiles,
+    )
+
+
+def _atomic_header(line: str, path: Path) -> dict[str, int]:
+    cols = {}
+    for pos, col in enumerate(line.rstrip("\n").split("\t")):
+        cols[col.split(":", 1)[0]] = pos
+    return cols
+
+
+def _need(cols: dict[str, int], names: tuple[str, ...], path: Path) -> None:
+    missing = [n for n in names if n not in cols]
+    if missing:
+        raise ConfigError(f"{path}: header lacks column(s) {', '.join(missing)}")
+
+
+def load_recbole(folder: Path, name: str = "ml-100k") -> Dataset:
+    """RecBole atomic files ``{name}.inter`` (+ optional ``.item`` with ``class``, ``.user``)."""
+    inter = folder / f"{name}.inter"
+    item_file, user_file = folder / f"{name}.item", folder / f"{name}.user"
+    read = [inter]
+    users, items, ts = [], [], []
+    with inter.open(encoding="utf-8") as fh:
+        cols = _atomic_header(fh.readline(), inter)
+        _need(cols, ("user_id", "item_id", "timestamp"), inter)
+        u, i, t = cols["user_id"], cols["item_id"], cols["timestamp"]
+        for lineno, line in enumerate(fh, start=2):
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) < len(cols):
+                raise ConfigError(f"{inter}:{lineno}: expected {len(cols)} tab-separated fields")
+            users.append(parts[u])
+            items.append(parts[i])
+            ts.append(int(float(parts[t])))
+    genre_lists: dict[str, list[str]] = {}
+    if item_file.exists():
+        read.append(item_file)
+        with item_file.open(encoding="utf-8") as fh:
+            cols = _atomic_header(fh.readline(), item_file)
+            _need(cols, ("item_id",), item_file)
+            gcol = cols.get("class", cols.get("genre"))
+            for line in fh:
+                parts = line.rstrip("\n").split("\t")
+                if gcol is not None and gcol < len(parts):
+                    genre_lists[parts[cols["item_id"]]] = parts[gcol].split()
+    profiles: dict[str, dict[str, str]] = {}
+    if user_file.exists():
+        read.append(user_file)
+        with user_file.open(encoding="utf-8") as fh:
+            cols = _atomic_header(fh.readline(), user_file)
+            for line in fh:
+                parts = line.rstrip("\n").split("\t")
+                profiles[parts[cols["user_id"]]] = {
+                    k: parts[c] for k, c in cols.items() if k in ("age", "gender", "occupation")
+                }
+    return _build(name, users, items, ts, genre_lists, _sha256_files(read), profiles)
+
+
+def load_grouplens(folder: Path) -> Dataset:
+    """GroupLens files: ``u.data`` (tab: user item rating ts), ``u.item`` (pipe, 19 genre flags
+    last), ``u.user`` (pipe: id|age|gender|occupation|zip)."""
+    data, item_file, user_file = folder / "u.data", folder / "u.item", folder / "u.user"
+    read = [data]
+    users, items, ts = [], [], []
+    with data.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            parts = line.split()
+            if len(parts) != 4:
+                raise ConfigError(f"{data}:{lineno}: expected 4 fields (user item rating ts)")
+            users.append(parts[0])
+            items.append(parts[1])
+            ts.append(int(parts[3]))
+    genre_lists: dict[str, list[str]] = {}
+    if item_file.exists():
+        read.append(item_file)
+        # The GroupLens u.item is Latin-1 (accented titles).
+        for lineno, line in enumerate(item_file.read_text(encoding="latin-1").splitlines(), 1):
+            if not line.strip():
+                continue
+            parts = line.split("|")
+            if len(parts) < 5 + len(GROUPLENS_GENRES):
+                raise ConfigError(f"{item_file}:{lineno}: expected 19 genre flags after 5 fields")
+            flags = parts[-len(GROUPLENS_GENRES) :]
+            genre_lists[parts[0]] = [
+                g for g, f in zip(GROUPLENS_GENRES, flags, strict=True) if f == "1"
+            ]
+    profiles: dict[str, dict[str, str]] = {}
+    if user_file.exists():
+        read.append(user_file)
+        for line in user_file.read_text(encoding="latin-1").splitlines():
+            parts = line.split("|")
+            if len(parts) >= 4:
+                profiles[parts[0]] = {"age": parts[1], "gender": parts[2], "occupation": parts[3]}
+    return _build("ml-100k", users, items, ts, genre_lists, _sha256_files(read), profiles)
+
+
+def load_movielens(folder: Path) -> Dataset:
+    """Load whichever format ``folder`` holds (RecBole ``ml-100k.inter`` or GroupLens ``u.data``)."""
+    folder = Path(folder)
+    if not (folder / "ml-100k.inter").exists() and (folder / "ml-100k").is_dir():
+        folder = folder / "ml-100k"  # given the datasets root
+    if (folder / "ml-100k.inter").exists():
+        return load_recbole(folder)
+    if (folder / "u.data").exists():
+        return load_grouplens(folder)
+    inters = sorted(folder.glob("*.inter")) if folder.is_dir() else []
+    if inters:
+        return load_recbole(folder, inters[0].stem)
+    raise ArtifactError(
+        f"no MovieLens data in {folder}: expected ml-100k.inter (RecBole) or u.data (GroupLens); "
+        "pass --data DIR or set STREAMRANK_DATA_DIR to the folder holding ml-100k/"
+    )
+
+
+# --- samples ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Fixed-width training/evaluation samples.
+
+    ``hist`` holds item indices (0 where padded; ``hist_mask`` marks real events, oldest first,
+    left-aligned) and ``hist_rows`` the event rows they came from (-1 where padded).
+    """
+
+    user: npt.NDArray[np.str_]  # [n]
+    hist: IntArray  # [n, L]
+    hist_mask: npt.NDArray[np.bool_]  # [n, L]
+    hist_rows: IntArray  # [n, L]
+    cand: IntArray  # [n] (train) or [n, C] (eval)
+    label: npt.NDArray[np.float32]  # like cand
+
+    def __len__(self) -> int:
+        return int(self.hist.shape[0])
+
+
+@dataclass(frozen=True)
+class Split:
+    train: Samples
+    valid: Samples
+    test: Samples
+    train_item_counts: IntArray  # [n_items] positives per item in the train split (popularity)
+
+
+def chronological_order(ds: Dataset) -> IntArray:
+    """Event rows sorted by (user, ts, event_id); event_id order = row order."""
+    rows = np.arange(ds.n_events)
+    return np.lexsort((rows, ds.ts, ds.user_ids))  # last key is primary
+
+
+def _negatives(
+    rng: np.random.Generator, n_items: int, seen: IntArray, count: int, *, distinct: bool, user: str
+) -> IntArray:
+    """``count`` items the user never rated (``seen`` sorted), distinct if asked; seeded."""
+    available = n_items - len(seen)
+    if count == 0:
+        return np.zeros(0, dtype=np.int64)
+    if available < (count if distinct else 1):
+        raise ConfigError(
+            f"user {user!r} rated {len(seen)} of {n_items} items: cannot draw {count} unrated "
+            "negatives; lower the negatives count"
+        )
+    if available < n_items // 2:  # dense user: sample from the explicit complement
+        pool = np.setdiff1d(np.arange(n_items), seen, assume_unique=True)
+        return rng.choice(pool, size=count, replace=not distinct).astype(np.int64)
+    out: list[int] = []
+    taken: set[int] = set()
+    while len(out) < count:  # rejection sampling: most items are unrated
+        draw = rng.integers(0, n_items, size=2 * count + 8)
+        hit = seen[np.minimum(np.searchsorted(seen, draw), len(seen) - 1)] == draw
+        for item in draw[~hit].tolist():
+            if distinct and item in taken:
+                continue
+            taken.add(item)
+            out.append(item)
+            if len(out) == count:
+                break
+    return np.asarray(out, dtype=np.int64)
+
+
+def build_samples(
+    ds: Dataset, *, history_len: int = 50, n_negatives: int = 20, seed: int = 17
+) -> Split:
+    """Leave-last-out samples (see the module docstring); deterministic for a given seed."""
+    rng = np.random.default_rng(seed)
+    n_items = len(ds.items)
+    order = chronological_order(ds)
+    users_sorted = ds.user_ids[order]
+    starts = np.flatnonzero(np.r_[True, users_sorted[1:] != users_sorted[:-1]])
+    ends = np.r_[starts[1:], len(order)]
+    parts: dict[str, list] = {k: [] for k in ("train", "valid", "test")}
+    counts = np.zeros(n_items, dtype=np.int64)
+    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+        rows = order[s:e]  # this user's events, chronological
+        n = len(rows)
+        if n < 4:  # need >= 1 train position plus validation and test
+            continue
+        seq = ds.item_index[rows]
+        seen = np.unique(seq)
+        user = str(users_sorted[s])
+        # positions 1..n-1: train = 1..n-3, valid = n-2, test = n-1
+        pos = np.arange(1, n)
+        lo = np.maximum(pos - history_len, 0)
+        offs = np.arange(history_len)
+        idx = lo[:, None] + offs[None, :]  # [P, L]
+        mask = idx < pos[:, None]  # [P, L]
+        hist_rows = np.where(mask, rows[np.minimum(idx, n - 1)], -1)  # [P, L]
+        hist = np.where(mask, seq[np.minimum(idx, n - 1)], 0)  # [P, L]
+        n_train = n - 3
+        train_neg = _negatives(rng, n_items, seen, n_train, distinct=False, user=user)
+        parts["train"].append((user, hist[:n_train], mask[:n_train], hist_rows[:n_train],
+                               seq[1 : n - 2], train_neg))  # fmt: skip
+        counts += np.bincount(seq[: n - 2], minlength=n_items)
+        for name, p in (("valid", n - 3), ("test", n - 2)):
+            neg = _negatives(rng, n_items, seen, n_negatives, distinct=True, user=user)
+            cands = np.r_[seq[p + 1], neg]
+            parts[name].append(
+                (user, hist[p : p + 1], mask[p : p + 1], hist_rows[p : p + 1], cands)
+            )
+    return Split(
+        train=_stack_train(parts["train"], history_len),
+        valid=_stack_eval(parts["valid"], history_len, n_negatives),
+        test=_stack_eval(parts["test"], history_len, n_negatives),
+        train_item_counts=counts,
+    )
+
+
+def _stack_train(parts: list, history_len: int) -> Samples:
+    users = (
+        np.concatenate([np.full(len(p[4]) * 2, p[0]) for p in parts])
+        if parts
+        else np.zeros(0, np.str_)
+    )
+    hist = np.concatenate([np.repeat(p[1], 2, axis=0) for p in parts])  # [2P, L]: pos, neg pairs
+    mask = np.concatenate([np.repeat(p[2], 2, axis=0) for p in parts])
+    rows = np.concatenate([np.repeat(p[3], 2, axis=0) for p in parts])
+    cand = np.concatenate([np.stack([p[4], p[5]], axis=1).reshape(-1) for p in parts])  # [2P]
+    label = np.tile(np.array([1.0, 0.0], dtype=np.float32), len(cand) // 2)
+    return Samples(users, hist, mask, rows, cand, label)
+
+
+def _stack_eval(parts: list, history_len: int, n_negatives: int) -> Samples:
+    users = np.asarray([p[0] for p in parts], dtype=np.str_)
+    cand = np.stack([p[4] for p in parts])  # [U, 1 + neg]
+    label = np.zeros(cand.shape, dtype=np.float32)
+    label[:, 0] = 1.0
+    return Samples(
+        users,
+        np.concatenate([p[1] for p in parts]),
+        np.concatenate([p[2] for p in parts]),
+        np.concatenate([p[3] for p in parts]),
+        cand,
+        label,
+    )

@@ -1,0 +1,121 @@
+"""Publishing model versions to Redis, activating one, and loading a scorer back from Redis.
+
+``publish``: validate the whole artifact first (:func:`scoring.artifact.load_artifact`), then the
+item table goes into the embedding store (table ``item``; the store writes its meta last), then the
+dense weights, then config.json LAST. A version counts as published only once its config key
+exists, so a crash part-way leaves nothing a reader or ``activate`` would accept; running
+``publish`` again completes it (an item table already in the store with the same rows, dim and
+encoding is kept).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from scoring.artifact import ITEM_TABLE, Artifact
+from scoring.codec import ENCODINGS
+from scoring.model import DinScorer
+from streamrank import keys
+from streamrank.errors import ArtifactError, UnknownVersion
+
+logger = logging.getLogger(__name__)
+
+
+async def publish_artifact(
+    redis: aioredis.Redis, artifact: Artifact, *, encoding: str | None = None, progress: bool = True
+) -> dict[str, Any]:
+    """Publish a validated artifact under its version; returns a small report."""
+    from scoring.embedding_store import EmbeddingStore
+
+    enc = encoding or artifact.encoding
+    if enc not in ENCODINGS:
+        raise ArtifactError(f"unknown encoding {enc!r}; use one of {', '.join(ENCODINGS)}")
+    version = artifact.version
+    if await redis.exists(keys.model_config(version)):
+        raise ArtifactError(
+            f"version {version!r} is already published (versions are immutable); train a new version"
+        )
+    store = EmbeddingStore(redis=redis)
+    rows, dim = artifact.item_table.shape
+    table_report: dict[str, Any]
+    try:
+        meta = await store.table_meta(version, ITEM_TABLE)
+    except UnknownVersion:
+        report = await store.publish(
+            ITEM_TABLE,
+            artifact.item_ids,
+            artifact.item_table,
+            encoding=enc,
+            version=version,
+            oov_row=artifact.oov_row,
+            progress=progress,
+        )
+        table_report = {"rows": report.rows, "dim": report.dim, "encoding": report.encoding,
+                        "seconds": round(report.seconds, 3), "resumed": False}  # fmt: skip
+    else:
+        # An earlier publish stored the table but died before the model keys: finish it.
+        if (meta.rows, meta.dim, meta.encoding) != (rows, dim, enc):
+            raise ArtifactError(
+                f"version {version!r} already has an item table with rows/dim/encoding "
+                f"{meta.rows}/{meta.dim}/{meta.encoding}, this artifact has {rows}/{dim}/{enc}; "
+                f"delete that version (`streamrank embeddings delete {version}`) or publish "
+                "with the same encoding"
+            )
+        table_report = {
+            "rows": meta.rows,
+            "dim": meta.dim,
+            "encoding": meta.encoding,
+            "resumed": True,
+        }
+    pipe = redis.pipeline(transaction=False)
+    pipe.set(keys.model_dense(version), artifact.dense)
+    pipe.set(keys.model_config(version), artifact.config_bytes(encoding=enc))  # last
+    await pipe.execute()
+    logger.info("published %s (%s rows, %s)", version, rows, enc)
+    return {"version": version, "encoding": enc, "item_table": table_report,
+            "dense_bytes": len(artifact.dense)}  # fmt: skip
+
+
+async def published_config(redis: aioredis.Redis, version: str) -> dict[str, Any]:
+    """The config.json of a published version; UnknownVersion when it is not published."""
+    raw = await redis.get(keys.model_config(version))
+    if raw is None:
+        raise UnknownVersion(
+            f"model version {version!r} is not published; run `streamrank publish ARTIFACT` first"
+        )
+    config: dict[str, Any] = json.loads(raw)
+    return config
+
+
+async def activate_version(redis: aioredis.Redis, version: str) -> str | None:
+    """Point ``sr:model:active`` at a fully published version; returns the previous one."""
+    from scoring.embedding_store import EmbeddingStore
+
+    await published_config(redis, version)
+    await EmbeddingStore(redis=redis).table_meta(version, ITEM_TABLE)  # UnknownVersion if absent
+    previous = await redis.set(keys.active_model(), version, get=True)  # SET ... GET: Redis >= 6.2
+    return previous.decode() if isinstance(previous, bytes) else None
+
+
+async def active_version(redis: aioredis.Redis) -> str | None:
+    raw = await redis.get(keys.active_model())
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+async def load_scorer_from_redis(
+    redis: aioredis.Redis, version: str
+) -> tuple[DinScorer, dict[str, Any]]:
+    """The serving scorer and config of a published version, from Redis alone (one round trip)."""
+    config_raw, dense = await redis.mget([keys.model_config(version), keys.model_dense(version)])
+    if config_raw is None or dense is None:
+        raise UnknownVersion(
+            f"model version {version!r} is not (fully) published; run `streamrank publish` for it"
+        )
+    config: dict[str, Any] = json.loads(config_raw)
+    return DinScorer.from_bytes(
+        config, dense if isinstance(dense, bytes) else dense.encode()
+    ), config
