@@ -27,6 +27,7 @@ def _train(args: argparse.Namespace, settings: Settings) -> int:
         history_len=settings.sequence_length,
         n_negatives=args.negatives,
         threads=settings.torch_threads,
+        profile=args.profile,
     )
     result = train_and_evaluate(ds, cfg, progress=not args.no_progress)
     out = args.out or settings.artifacts_dir
@@ -148,6 +149,12 @@ def register(sub: Any) -> None:
     train.add_argument("--lr", type=float, default=2e-3)
     train.add_argument("--seed", type=int, default=17)
     train.add_argument("--negatives", type=int, default=20, help="sampled negatives per test user")
+    train.add_argument(
+        "--profile",
+        action="store_true",
+        help="also feed the user profile (age bucket, gender, occupation) to the models; such a "
+        "model needs profile codes at serving time, which the scoring worker does not have",
+    )
     train.add_argument("--encoding", default=None, help="default encoding recorded in config.json")
     train.add_argument(
         "--threads", type=int, default=None, help="torch threads (setting torch_threads)"

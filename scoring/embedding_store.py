@@ -597,7 +597,8 @@ class EmbeddingStore:
     async def delete_version(self, version: str, *, force: bool = False) -> int:
         """Delete every key of ``version`` (SCAN + UNLINK in batches); returns keys deleted.
 
-        The metas go first, so a concurrent reader sees UnknownVersion rather than half a table.
+        That includes the model keys ``streamrank publish`` wrote (dense weights, config). The
+        metas go first, so a concurrent reader sees UnknownVersion rather than half a table.
         Refuses the active model version (``sr:model:active``) unless ``force``.
         """
         check_name("version", version)
@@ -608,7 +609,12 @@ class EmbeddingStore:
                 "(or pass force)"
             )
         known = version in await self.versions()
-        deleted = await self._delete_matching(keys.embedding_meta_pattern(version))
+        # The model keys go first: without its config a version no longer counts as published,
+        # so neither `activate` nor a scoring worker can pick it up while its rows disappear.
+        deleted = int(
+            await self.redis.unlink(keys.model_config(version), keys.model_dense(version))
+        )
+        deleted += await self._delete_matching(keys.embedding_meta_pattern(version))
         deleted += await self._delete_matching(keys.embedding_version_pattern(version))
         await self.redis.srem(keys.embedding_versions(), version)
         if not known and deleted == 0:

@@ -51,11 +51,15 @@ class ModelSpec:
     attention_hidden: tuple[int, ...] = (64, 16)
     mlp_hidden: tuple[int, ...] = (64, 32)
     activation: Literal["prelu"] = "prelu"
+    # Optional user profile input: vocabulary size of each profile feature (empty = none).
+    profile_sizes: tuple[int, ...] = ()
+    profile_dim: int = 4
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["attention_hidden"] = list(self.attention_hidden)
         out["mlp_hidden"] = list(self.mlp_hidden)
+        out["profile_sizes"] = list(self.profile_sizes)
         return out
 
     @classmethod
@@ -69,6 +73,8 @@ class ModelSpec:
                 attention_hidden=tuple(int(h) for h in raw["attention_hidden"]),
                 mlp_hidden=tuple(int(h) for h in raw["mlp_hidden"]),
                 activation=raw.get("activation", "prelu"),
+                profile_sizes=tuple(int(n) for n in raw.get("profile_sizes", ())),
+                profile_dim=int(raw.get("profile_dim", 4)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"config.json 'model' section is invalid: {exc!r}") from exc
@@ -137,13 +143,30 @@ class ItemTower(nn.Module):
 
 
 class _Head(nn.Module):
+    """MLP over ``[pooled, cand, pooled*cand]`` (+ the user's profile embeddings, if configured)."""
+
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        self.mlp = _mlp([3 * spec.item_dim, *spec.mlp_hidden])
+        n_profile = len(spec.profile_sizes) * spec.profile_dim
+        self.mlp = _mlp([3 * spec.item_dim + n_profile, *spec.mlp_hidden])
+        # Created only when configured, so profile-free models keep their exact initialisation.
+        self.profile = nn.ModuleList(nn.Embedding(n, spec.profile_dim) for n in spec.profile_sizes)
 
-    def forward(self, pooled: Tensor, cand: Tensor) -> Tensor:
-        """``pooled, cand [..., d]`` -> logits ``[...]``."""
-        return self.mlp(torch.cat([pooled, cand, pooled * cand], dim=-1)).squeeze(-1)
+    def forward(self, pooled: Tensor, cand: Tensor, profile: Tensor | None = None) -> Tensor:
+        """``pooled, cand [..., d]``, ``profile [B, P]`` codes (if configured) -> logits ``[...]``."""
+        parts = [pooled, cand, pooled * cand]
+        if len(self.profile):
+            if profile is None:
+                raise ValueError(
+                    f"this model needs the user profile ({len(self.profile)} codes per request)"
+                )
+            pv = torch.cat(
+                [emb(profile[:, i]) for i, emb in enumerate(self.profile)], -1
+            )  # [B, P*p]
+            while pv.dim() < pooled.dim():
+                pv = pv.unsqueeze(-2)  # [B, 1, P*p]
+            parts.append(pv.expand(*pooled.shape[:-1], pv.shape[-1]))
+        return self.mlp(torch.cat(parts, dim=-1)).squeeze(-1)
 
 
 class DIN(nn.Module):
@@ -162,12 +185,17 @@ class DIN(nn.Module):
         w = self.attention(x).squeeze(-1)  # [B, L]
         return torch.where(hist_mask, w, torch.zeros_like(w))  # [B, L]
 
-    def forward(self, hist: Tensor, hist_mask: Tensor, cand: Tensor) -> Tensor:
-        """``hist [B, L, d]``, ``hist_mask [B, L]`` bool, ``cand [B, d]`` -> logits ``[B]``."""
-        hist = hist * hist_mask.unsqueeze(-1)  # [B, L, d]; padding contributes exactly 0
+    def forward(
+        self, hist: Tensor, hist_mask: Tensor, cand: Tensor, profile: Tensor | None = None
+    ) -> Tensor:
+        """``hist [B, L, d]``, ``hist_mask [B, L]`` bool, ``cand [B, d]`` -> logits ``[B]``.
+
+        ``profile [B, P]``: the user's profile codes, required iff the spec has profile features.
+        """
+        hist = hist.masked_fill(~hist_mask.unsqueeze(-1), 0.0)  # [B, L, d]; padding (even NaN) -> 0
         w = self.attention_weights(hist, hist_mask, cand)  # [B, L]
         pooled = (w.unsqueeze(-1) * hist).sum(1)  # [B, d]
-        return self.head(pooled, cand)  # [B]
+        return self.head(pooled, cand, profile)  # [B]
 
 
 class BaseModel(nn.Module):
@@ -178,10 +206,12 @@ class BaseModel(nn.Module):
         self.spec = spec
         self.head = _Head(spec)
 
-    def forward(self, hist: Tensor, hist_mask: Tensor, cand: Tensor) -> Tensor:
+    def forward(
+        self, hist: Tensor, hist_mask: Tensor, cand: Tensor, profile: Tensor | None = None
+    ) -> Tensor:
         """``hist [B, L, d]``, ``hist_mask [B, L]`` bool, ``cand [B, d]`` -> logits ``[B]``."""
-        pooled = (hist * hist_mask.unsqueeze(-1)).sum(1)  # [B, d]
-        return self.head(pooled, cand)  # [B]
+        pooled = hist.masked_fill(~hist_mask.unsqueeze(-1), 0.0).sum(1)  # [B, d]
+        return self.head(pooled, cand, profile)  # [B]
 
 
 def build_net(spec: ModelSpec) -> DIN | BaseModel:
@@ -244,20 +274,29 @@ class DinScorer:
     PAIRS_PER_CHUNK = 10_000
 
     @torch.inference_mode()
-    def score_logits(self, hist: Tensor, hist_mask: Tensor, cands: Tensor) -> Tensor:
+    def score_logits(
+        self, hist: Tensor, hist_mask: Tensor, cands: Tensor, profile: Tensor | None = None
+    ) -> Tensor:
         """``hist [B, L, d]``, ``hist_mask [B, L]``, ``cands [B, C, d]`` -> logits ``[B, C]``."""
         b, c, length = cands.shape[0], cands.shape[1], hist.shape[1]
         step = max(1, self.PAIRS_PER_CHUNK // max(1, c * length))
         if step >= b:
-            return self._logits(hist, hist_mask, cands)
+            return self._logits(hist, hist_mask, cands, profile)
         parts = [
-            self._logits(hist[i : i + step], hist_mask[i : i + step], cands[i : i + step])
+            self._logits(
+                hist[i : i + step],
+                hist_mask[i : i + step],
+                cands[i : i + step],
+                None if profile is None else profile[i : i + step],
+            )
             for i in range(0, b, step)
         ]
         return torch.cat(parts)  # [B, C]
 
-    def _logits(self, hist: Tensor, hist_mask: Tensor, cands: Tensor) -> Tensor:
-        hist = hist * hist_mask.unsqueeze(-1)  # [B, L, d]; padding contributes exactly 0
+    def _logits(
+        self, hist: Tensor, hist_mask: Tensor, cands: Tensor, profile: Tensor | None
+    ) -> Tensor:
+        hist = hist.masked_fill(~hist_mask.unsqueeze(-1), 0.0)  # [B, L, d]; padding (even NaN) -> 0
         a = torch.addmm(self.bias, cands.reshape(-1, cands.shape[-1]), self.w_cand)  # [B*C, h]
         a = a.view(cands.shape[0], cands.shape[1], 1, -1)  # [B, C, 1, h]
         h = torch.matmul(hist, self.w_hist).unsqueeze(1)  # [B, 1, L, h]: once per request
@@ -268,7 +307,7 @@ class DinScorer:
         w = self.rest(x).squeeze(-1)  # [B, C, L]
         w = w * hist_mask.unsqueeze(1)  # [B, C, L]
         pooled = torch.matmul(w, hist)  # [B, C, d]
-        return self.net.head(pooled, cands)  # [B, C]
+        return self.net.head(pooled, cands, profile)  # [B, C]
 
     def score(
         self,
@@ -276,11 +315,14 @@ class DinScorer:
         hist_mask: npt.ArrayLike | Tensor,
         cands: npt.ArrayLike | Tensor,
         cand_mask: npt.ArrayLike | Tensor,
+        profile: npt.ArrayLike | Tensor | None = None,
     ) -> npt.NDArray[np.float32]:
         """Click probabilities ``[B, C]`` (0 where ``cand_mask`` is False).
 
         ``hist [B, L, d]`` float32, ``hist_mask [B, L]`` bool, ``cands [B, C, d]`` float32,
         ``cand_mask [B, C]`` bool. A request with an empty history is scored on the candidate alone.
+        ``profile [B, P]`` int codes only for a model trained with profile features
+        (``spec.profile_sizes``); the default served model has none.
         """
         h = torch.as_tensor(
             np.asarray(hist, dtype=np.float32) if not isinstance(hist, Tensor) else hist
@@ -294,6 +336,7 @@ class DinScorer:
         cm = torch.as_tensor(
             np.asarray(cand_mask, dtype=bool) if not isinstance(cand_mask, Tensor) else cand_mask
         )
+        h, c, hm, cm = h.float(), c.float(), hm.bool(), cm.bool()
         d = self.spec.item_dim
         if h.dim() != 3 or c.dim() != 3 or h.shape[-1] != d or c.shape[-1] != d:
             raise ValueError(
@@ -301,7 +344,8 @@ class DinScorer:
             )
         if hm.shape != h.shape[:2] or cm.shape != c.shape[:2] or h.shape[0] != c.shape[0]:
             raise ValueError("masks must be [B, L] and [B, C] matching hist and cands")
-        probs = torch.sigmoid(self.score_logits(h, hm, c))  # [B, C]
+        prof = None if profile is None else torch.as_tensor(np.asarray(profile)).long()  # [B, P]
+        probs = torch.sigmoid(self.score_logits(h, hm, c, prof))  # [B, C]
         return torch.where(cm, probs, torch.zeros_like(probs)).numpy()
 
 

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from scoring.codec import ENCODINGS, roundtrip
-from scoring.data import Dataset, Samples, Split, build_samples
+from scoring.data import Dataset, Profiles, Samples, Split, build_profiles, build_samples
 from scoring.metrics import auc, gauc
 from scoring.model import DIN, DinScorer, ItemTower, ModelSpec, build_net
 
@@ -39,6 +39,7 @@ class TrainConfig:
     history_len: int = 50
     n_negatives: int = 20
     threads: int = 1
+    profile: bool = False  # feed the user profile (age bucket, gender, occupation) to the head
     spec: ModelSpec = field(default_factory=ModelSpec)
 
     def to_json(self) -> dict[str, Any]:
@@ -50,6 +51,7 @@ class TrainConfig:
             "history_len": self.history_len,
             "n_negatives": self.n_negatives,
             "threads": self.threads,
+            "profile": self.profile,
         }
 
 
@@ -64,18 +66,25 @@ def seed_everything(seed: int, threads: int) -> None:
 class Ranker(nn.Module):
     """Item tower + dense net, on item indices (training and offline evaluation)."""
 
-    def __init__(self, tower: ItemTower, net: nn.Module) -> None:
+    def __init__(self, tower: ItemTower, net: nn.Module, profiles: Profiles | None = None) -> None:
         super().__init__()
         self.tower = tower
         self.net = net
+        self.profiles = profiles  # set iff the net takes profile codes
 
-    def forward(self, hist_idx: Tensor, hist_mask: Tensor, cand_idx: Tensor) -> Tensor:
+    def forward(
+        self, hist_idx: Tensor, hist_mask: Tensor, cand_idx: Tensor, profile: Tensor | None = None
+    ) -> Tensor:
         """``hist_idx [B, L]``, ``hist_mask [B, L]`` bool, ``cand_idx [B]`` -> logits ``[B]``."""
-        result: Tensor = self.net(self.tower(hist_idx), hist_mask, self.tower(cand_idx))
+        result: Tensor = self.net(self.tower(hist_idx), hist_mask, self.tower(cand_idx), profile)
         return result
 
+    def profile_codes(self, users: npt.NDArray[np.str_]) -> Tensor | None:
+        """``[n, P]`` profile codes of these users, or None for a profile-free model."""
+        return None if self.profiles is None else torch.from_numpy(self.profiles.lookup(users))
 
-def make_ranker(ds: Dataset, spec: ModelSpec) -> Ranker:
+
+def make_ranker(ds: Dataset, spec: ModelSpec, profiles: Profiles | None = None) -> Ranker:
     tower = ItemTower(
         n_items=len(ds.items),
         item_genres=torch.from_numpy(ds.item_genres),
@@ -84,7 +93,7 @@ def make_ranker(ds: Dataset, spec: ModelSpec) -> Ranker:
         id_dim=spec.id_dim,
         category_dim=spec.category_dim,
     )
-    return Ranker(tower, build_net(spec))
+    return Ranker(tower, build_net(spec), profiles)
 
 
 def _trimmed(samples: Samples, idx: npt.NDArray[np.int64]) -> tuple[Tensor, Tensor]:
@@ -106,15 +115,23 @@ def eval_logits(
         idx = np.arange(s, min(s + batch_users, n_users))
         hist, mask = _trimmed(samples, idx)  # [b, L]
         cand = torch.from_numpy(samples.cand[idx])  # [b, C]
+        prof = ranker.profile_codes(samples.user[idx])  # [b, P] or None
         logits = ranker(
-            hist.repeat_interleave(n_cands, 0), mask.repeat_interleave(n_cands, 0), cand.reshape(-1)
+            hist.repeat_interleave(n_cands, 0),
+            mask.repeat_interleave(n_cands, 0),
+            cand.reshape(-1),
+            None if prof is None else prof.repeat_interleave(n_cands, 0),
         )  # [b*C]
         out[idx] = logits.view(len(idx), n_cands).numpy()
     return out
 
 
 def serving_scores(
-    scorer: DinScorer, table: npt.NDArray[np.float32], samples: Samples, batch_users: int = 64
+    scorer: DinScorer,
+    table: npt.NDArray[np.float32],
+    samples: Samples,
+    batch_users: int = 64,
+    profiles: Profiles | None = None,
 ) -> npt.NDArray[np.float32]:
     """Probabilities ``[U, C]`` through the serving scorer, item vectors taken from ``table``."""
     n_users, n_cands = samples.cand.shape
@@ -124,7 +141,10 @@ def serving_scores(
         hist_idx, mask = _trimmed(samples, idx)
         hist = table[hist_idx.numpy()]  # [b, L, d]
         cands = table[samples.cand[idx]]  # [b, C, d]
-        out[idx] = scorer.score(hist, mask.numpy(), cands, np.ones(cands.shape[:2], dtype=bool))
+        prof = None if profiles is None else profiles.lookup(samples.user[idx])  # [b, P]
+        out[idx] = scorer.score(
+            hist, mask.numpy(), cands, np.ones(cands.shape[:2], dtype=bool), profile=prof
+        )
     return out
 
 
@@ -146,7 +166,8 @@ def fit(
         for s in range(0, len(order), cfg.batch_size):
             idx = order[s : s + cfg.batch_size]
             hist, mask = _trimmed(train, idx)
-            logits = ranker(hist, mask, torch.from_numpy(train.cand[idx]))  # [B]
+            prof = ranker.profile_codes(train.user[idx])  # [B, P] or None
+            logits = ranker(hist, mask, torch.from_numpy(train.cand[idx]), prof)  # [B]
             loss = loss_fn(logits, labels[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -212,12 +233,13 @@ def _train_and_evaluate(ds: Dataset, cfg: TrainConfig, *, progress: bool) -> Tra
     batches = -(-len(split.train) // cfg.batch_size) * cfg.epochs * 2
     logs: dict[str, Any] = {}
     rankers: dict[str, Ranker] = {}
+    profiles = build_profiles(ds) if cfg.profile else None
+    sizes = [len(v) for v in profiles.vocab.values()] if profiles else []
     with tqdm(total=batches, desc="train base+din", unit="batch", disable=not progress) as bar:
         for kind in ("base", "din"):
             torch.manual_seed(cfg.seed)  # same initial embeddings for both models
-            spec = ModelSpec(**{**cfg.spec.to_json(), "kind": kind})
-            spec = ModelSpec.from_json(spec.to_json())
-            rankers[kind] = make_ranker(ds, spec)
+            spec = ModelSpec.from_json({**cfg.spec.to_json(), "kind": kind, "profile_sizes": sizes})
+            rankers[kind] = make_ranker(ds, spec, profiles)
             logs[kind] = fit(rankers[kind], split, cfg, name=kind, bar=bar)
     train_s = time.perf_counter() - started
 
@@ -229,14 +251,13 @@ def _train_and_evaluate(ds: Dataset, cfg: TrainConfig, *, progress: bool) -> Tra
     scores = {
         "popularity": split.train_item_counts[test.cand].astype(np.float32),
         "base": eval_logits(rankers["base"], test),
-        "din": serving_scores(scorer, table, test),
+        "din": serving_scores(scorer, table, test, profiles=profiles),
     }
     forward_probs = 1.0 / (1.0 + np.exp(-eval_logits(rankers["din"], test).astype(np.float64)))
     by_encoding = {}
     for enc in ENCODINGS:
-        by_encoding[enc] = round(
-            auc(test.label, serving_scores(scorer, roundtrip(table, enc), test)), 5
-        )
+        enc_scores = serving_scores(scorer, roundtrip(table, enc), test, profiles=profiles)
+        by_encoding[enc] = round(auc(test.label, enc_scores), 5)
     metrics: dict[str, Any] = {
         "test": {name: _metric_pair(test.label, s) for name, s in scores.items()},
         "auc_by_encoding": by_encoding,
@@ -286,7 +307,7 @@ def feature_spec(ds: Dataset, cfg: TrainConfig) -> dict[str, Any]:
             "event_id": "zero-padded row position in the interaction file",
         },
         "candidate": "one item vector per candidate; C candidates share one history",
-        "profile": None,
+        "profile": build_profiles(ds).to_json() if cfg.profile else None,
         "context": None,
     }
 
@@ -321,6 +342,9 @@ def write_test_candidates(path: Any, ds: Dataset, result: TrainResult) -> int:
                 "history": history,
                 "scores": {k: [round(float(x), 7) for x in v[u]] for k, v in probs.items()},
             }
+            if result.din.profiles is not None:  # the raw profile and the codes the model saw
+                line["profile"] = ds.users.get(str(test.user[u]), {})
+                line["profile_codes"] = result.din.profiles.lookup(test.user[u : u + 1])[0].tolist()
             fh.write(orjson.dumps(line) + b"\n")
     return len(test)
 

@@ -31,6 +31,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "streamrank.demo",
     "streamrank.bench",
     "streamrank.cli_settings",
+    "streamrank.lag",
     "scoring.cli_embeddings",
     "streams.cli",
     "scoring.cli_model",

@@ -98,6 +98,14 @@ def test_publish_load_and_activate(
     with pytest.raises(ArtifactError, match="already published"):
         _run(stack.redis_url, lambda c: publish_artifact(c, other, progress=False))
 
+    # deleting the inactive version removes its model keys too: nothing of it is left to load
+    assert main(["embeddings", "delete", version]) == 0
+    capsys.readouterr()
+    assert _run(stack.redis_url, lambda c: _version_keys(c, version)) == []
+    with pytest.raises(UnknownVersion):
+        _run(stack.redis_url, lambda c: load_scorer_from_redis(c, version))
+    assert main(["activate", version]) == 1
+
 
 @pytest.mark.parametrize("fault", ["missing items", "flipped byte", "wrong dims", "bad encoding"])
 def test_bad_artifacts_publish_nothing(

@@ -77,3 +77,22 @@ def test_train_cli_is_deterministic_and_writes_a_replayable_artifact(
             hist, np.ones(hist.shape[:2], bool), cands, np.ones(cands.shape[:2], bool)
         )[0]
         np.testing.assert_allclose(got, rec["scores"]["din"], atol=1e-5)
+
+
+def test_profile_training_exports_a_model_that_needs_profile_codes(tmp_path: Path) -> None:
+    from scoring.train import export_artifact
+
+    ds = generate(n_users=40, n_items=5000, n_clusters=5, events_per_user=(8, 12), seed=2)
+    cfg = TrainConfig(epochs=1, n_negatives=5, profile=True)
+    result = train_and_evaluate(ds, cfg, progress=False)
+    art = load_artifact(export_artifact(result, ds, cfg, tmp_path, encoding="fp16"))
+    # synthetic users have no profile: every feature has only its 'unknown' code besides age
+    assert art.spec.profile_sizes == (8, 1, 1)
+    assert art.config["feature_spec"]["profile"]["features"] == ["age", "gender", "occupation"]
+    rec = json.loads((art.path / CANDIDATES_FILE).read_text().splitlines()[0])
+    assert rec["profile_codes"] == [0, 0, 0]
+    table = art.item_table[None, :6]
+    scores = art.scorer().score(
+        table, np.ones((1, 6), bool), table, np.ones((1, 6), bool), profile=[[0, 0, 0]]
+    )
+    assert scores.shape == (1, 6) and np.isfinite(scores).all()
