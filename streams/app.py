@@ -4,11 +4,12 @@ Faust owns the consumer group (membership, partition assignment, rebalances) and
 commits; state lives in Redis, so the app has no tables, no changelogs, no leader topic and no
 web server. Two ways to hand records to the batch processor (setting ``features_path``):
 
-- ``batch`` (default): ``BatchConsumer`` replaces Faust's per-message drain loop (which awaits
-  ``wait_first(callback(message), ...)`` per message, then the conductor builds an Event and
-  queues it for the agent's stream) with one that takes each fetch from Faust's consumer as a
-  whole, processes it, and then acks every message of it through Faust's own
-  ``Consumer.ack``, so Faust's commit task commits those offsets: after the Redis write.
+- ``batch`` (default): ``FeaturesConsumer`` replaces Faust's per-message drain loop (which
+  awaits ``wait_first(callback(message), ...)`` per message, then the conductor builds an Event
+  and queues it for the agent's stream) with one that takes each fetch from Faust's consumer as
+  a whole, processes it, and then acks every message of it through Faust's own
+  ``Consumer.ack``, so Faust's commit task commits those offsets: after the Redis write. Up to
+  ``features_max_inflight_batches`` batches are in flight (batches commute).
 - ``agent``: a Faust agent with ``stream.take_events(n, within)``. The agent holds an extra
   reference on each message while the batch is processed and acks only after ``process``
   returned, so take_events' own ack (which also runs when the generator is closed by a
@@ -87,7 +88,10 @@ class FeaturesConsumer(faust_aiokafka.Consumer):
                     if last is not None and message.offset > last + 1:
                         await self._add_gap(tp, last + 1, message.offset - 1)
                     read_offset[tp] = message.offset
-                records = [Record(m.topic, m.partition, m.offset, m.key, m.value) for m in messages]
+                records = [
+                    Record(m.topic, m.partition, m.offset, m.key, m.value, m.timestamp)
+                    for m in messages
+                ]
                 inflight.append((asyncio.ensure_future(handler(records)), messages))
                 while inflight and (len(inflight) >= max_inflight or inflight[0][0].done()):
                     await finish_oldest()
@@ -114,7 +118,14 @@ class FeaturesApp(faust.App):
 
 
 def _record(message: Any) -> Record:
-    return Record(message.topic, message.partition, message.offset, message.key, message.value)
+    return Record(
+        message.topic,
+        message.partition,
+        message.offset,
+        message.key,
+        message.value,
+        message.timestamp,
+    )
 
 
 def _credentials(settings: Any) -> Any:
@@ -169,7 +180,7 @@ def create_app(settings: Any, *, handler: BatchHandler) -> FeaturesApp:
     app.max_inflight = settings.features_max_inflight_batches
     topic = app.topic(settings.topic_clicks, key_type=bytes, value_type=bytes, acks=True)
     if settings.features_path == "batch":
-        # Subscribe without an agent: BatchConsumer hands whole fetches to the handler.
+        # Subscribe without an agent: FeaturesConsumer hands whole fetches to the handler.
         app.topics.add(topic)
     else:
         batch_size, within = settings.features_batch_size, settings.features_batch_within_s

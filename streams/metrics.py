@@ -54,6 +54,13 @@ class FeatureMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.append_to_durable = Histogram(
+            f"{p}_append_to_durable_seconds",
+            "Per batch: now, when the batch is durable, minus the Kafka timestamp of its oldest "
+            "record (the worker's share of click-to-visible latency, broker included).",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.event_time_lag = Gauge(
             f"{p}_event_time_lag_seconds",
             "Now minus the event time of the newest event of the last applied batch.",
