@@ -87,21 +87,6 @@ def run_until_signalled(coro: Any) -> Any:
     return asyncio.run(main())
 
 
-_worker_groups: dict[int, Any] = {}
-
-
-def add_worker_kind(sub: Any, kind: str, **kwargs: Any) -> argparse.ArgumentParser:
-    """Add ``streamrank worker KIND``: the ``worker`` group is shared by every worker kind."""
-    group = _worker_groups.get(id(sub))
-    if group is None:
-        worker = sub.add_parser("worker", help="run a worker: features or scoring")
-        group = worker.add_subparsers(dest="worker_kind", metavar="KIND")
-        group.required = True
-        _worker_groups[id(sub)] = group
-    parser: argparse.ArgumentParser = group.add_parser(kind, **kwargs)
-    return parser
-
-
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """Settings from the environment, overridden by the flags that map onto settings."""
     overrides = {k: v for k, v in getattr(args, "settings_overrides", {}).items() if v is not None}
