@@ -34,6 +34,7 @@ from streams.batch import Record
 logger = logging.getLogger(__name__)
 
 BatchHandler = Callable[[Sequence[Record]], Awaitable[Any]]
+LagHandler = Callable[[str, int, int], None]  # (topic, partition, records behind)
 
 
 class FeaturesConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -62,6 +63,7 @@ class FeaturesConsumer(faust_aiokafka.Consumer):
         fetcher_stopped = fetcher._stopped.is_set
         read_offset = self._read_offset
         ack = self.ack
+        on_lag: LagHandler | None = self.app.on_lag  # type: ignore[attr-defined]
         # Batches commute (see docs/streams.md), so the next fetch is decoded while Redis runs
         # the previous batch's script; each batch is acked only after its own write.
         inflight: deque[tuple[asyncio.Future[Any], list[Any]]] = deque()
@@ -72,6 +74,13 @@ class FeaturesConsumer(faust_aiokafka.Consumer):
             inflight.popleft()
             for message in done_messages:
                 ack(message)
+            if on_lag is not None:
+                # Records behind the high watermark once this batch is durable (a gauge for ops).
+                done = {m.tp: m.offset for m in done_messages}  # the last offset per partition
+                for tp, offset in done.items():
+                    highwater = self.highwater(tp)
+                    if highwater is not None:
+                        on_lag(tp.topic, tp.partition, max(0, highwater - (offset + 1)))
 
         try:
             while not (consumer_stopped() or fetcher_stopped()):
@@ -109,6 +118,7 @@ class FeaturesApp(faust.App):
     """A Faust app with the features consumer (see the module doc)."""
 
     batch_handler: BatchHandler
+    on_lag: LagHandler | None = None
     use_batch_path: bool = True
     fetch_max_wait_ms: int = 10
     max_inflight: int = 2

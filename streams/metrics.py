@@ -78,5 +78,14 @@ class FeatureMetrics:
             ["dependency"],
             registry=r,
         )
+        self.consumer_lag = Gauge(
+            f"{p}_consumer_lag",
+            "Records behind the partition's high watermark after the last durable batch.",
+            ["topic", "partition"],
+            registry=r,
+        )
         for dep in ("redis", "kafka"):
             self.dependency_up.labels(dep).set(1)
+
+    def set_lag(self, topic: str, partition: int, lag: int) -> None:
+        self.consumer_lag.labels(topic, str(partition)).set(lag)

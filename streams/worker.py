@@ -35,6 +35,7 @@ def run_features_worker(settings: Settings, *, metrics_port: int | None = None) 
     serve_metrics(registry, resolve_port(metrics_port, settings.metrics_port, "features"))
     processor = FeatureProcessor(settings=settings, metrics=metrics)
     app = create_app(settings, handler=processor.process)
+    app.on_lag = metrics.set_lag
     logger.info(
         "features worker: group %s, topic %s, path %s, batch %s",
         settings.features_app_id,

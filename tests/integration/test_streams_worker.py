@@ -133,6 +133,17 @@ async def test_worker_applies_forwards_and_dead_letters(
         assert metric(samples, "streamrank_features_events_duplicate_total") == 10
         assert metric(samples, "streamrank_features_dead_letters_total", reason="not_json") == 1
         assert metric(samples, "streamrank_features_dead_letters_total", reason="too_large") == 1
+        if path == "batch":
+            # Everything produced gets processed: then no partition is behind its high watermark.
+            async def caught_up() -> bool:
+                lags = [
+                    value
+                    for (name, _labels), value in (await asyncio.to_thread(scrape, port)).items()
+                    if name == "streamrank_features_consumer_lag"
+                ]
+                return bool(lags) and set(lags) == {0.0}
+
+            await poll(caught_up, timeout_s=15, what="consumer lag 0 on every partition")
 
         ends = await topic_ends(settings)
         # Every produced record plus the 20 keyed copies of the unkeyed ones.
