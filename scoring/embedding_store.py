@@ -31,6 +31,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from tqdm import tqdm
 
 from scoring.bucketing import bucket_of, choose_bucket_count, group_by_bucket, stable_hash
+from scoring.canary import parse_split
 from scoring.codec import FloatMatrix, decode_blobs, decode_rows, encode_rows, row_bytes
 from scoring.embedding_validate import check_ids, check_matrix, check_name, check_oov_row
 from streamrank import keys
@@ -148,13 +149,13 @@ class EncodedRows:
         return out
 
 
+def _split_versions_of(split: str) -> set[str]:
+    """The versions named in a canary split (the scoring worker's own parser)."""
+    return {version for version, _weight in parse_split(split)}
+
+
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
-
-
-def _split_versions(split: str) -> set[str]:
-    """The versions named in a canary split ``"din-a:0.9,din-b:0.1"`` (weights ignored)."""
-    return {chunk.strip().rpartition(":")[0] or chunk.strip() for chunk in split.split(",")}
 
 
 def _parse_meta(version: str, table: str, raw: dict[bytes, bytes]) -> TableMeta:
@@ -616,7 +617,7 @@ class EmbeddingStore:
                 f"version {version!r} is the active model version; activate another first "
                 "(or pass force)"
             )
-        if split is not None and version in _split_versions(_text(split)) and not force:
+        if split is not None and version in _split_versions_of(_text(split)) and not force:
             raise EmbeddingError(
                 f"version {version!r} is in the canary split {keys.model_split()} "
                 f"({_text(split)!r}); take it out of the split first (or pass force)"
