@@ -84,10 +84,7 @@ def _lag(args: argparse.Namespace, settings: Settings) -> int:
 
     groups = {
         "features": (settings.features_app_id, settings.topic_clicks),
-        "scoring": (
-            getattr(settings, "scoring_group_id", "streamrank-scoring"),
-            settings.topic_requests,
-        ),
+        "scoring": (settings.scoring_group_id, settings.topic_requests),
     }
     wanted = [args.worker] if args.worker else list(groups)
     report = {}
