@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from scoring.codec import ENCODINGS
+from scoring.embedding_validate import NAME_RE
 from scoring.model import DinScorer, ModelSpec
 from streamrank.errors import ArtifactError
 
@@ -43,11 +43,9 @@ DENSE_FILE = "dense.safetensors"
 ITEMS_FILE = "items.safetensors"
 IDS_FILE = "item_ids.txt"
 CANDIDATES_FILE = "test_candidates.jsonl"
-ITEM_TABLE = "item"
+ITEM_TABLE = "item"  # the embedding store table DIN's item vectors are published as
 # Same rule as the embedding store's names: letters, digits, '.', '_', '-' (no ':' or globs).
-VERSION_RE = re.compile(
-    r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
-)  # the embedding store table DIN's item vectors are published as
+VERSION_RE = NAME_RE
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -247,6 +245,8 @@ def load_artifact(ref: str | Path, *, artifacts_dir: Path | None = None) -> Arti
     if bad.size:
         names = ", ".join(item_ids[i] for i in bad[:5])
         raise ArtifactError(f"artifact {path}: item table has NaN/Inf in rows of ids {names}")
+    if not np.isfinite(oov).all():
+        raise ArtifactError(f"artifact {path}: oov row has NaN/Inf")
     if len(set(item_ids)) != rows:
         raise ArtifactError(f"artifact {path}: {IDS_FILE} has duplicate ids")
     artifact = Artifact(path, config, spec, dense, item_ids, table, oov)

@@ -17,7 +17,6 @@ import numpy as np
 import redis.asyncio as aioredis
 import torch
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from streams.reader import FeatureReader
 
 from schemas import RankResult, decode_request
 from scoring.bucketing import bucket_of
@@ -27,6 +26,7 @@ from scoring.registry import load_scorer_from_redis
 from scoring.worker import configure_torch
 from streamrank import keys
 from streamrank.settings import Settings
+from streams.reader import FeatureReader
 
 
 async def serve(settings: Settings, *, table_version: str, model_version: str) -> None:

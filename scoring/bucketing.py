@@ -62,6 +62,8 @@ def choose_bucket_count(hashes: U64, *, max_entries: int, target_fill: float = 0
     ``max_entries`` leaves Redis' compact encoding and costs several times the memory, so the
     count grows until the fullest bucket fits.
     """
+    if max_entries < 1:
+        raise ValueError(f"max_entries must be >= 1, got {max_entries}")
     n = len(hashes)
     if n == 0:
         return 1

@@ -9,8 +9,11 @@ form, so more rows fit and fewer lookups pay a round trip, while decoding a 150-
 few microseconds of numpy. ``hold="decoded"`` keeps float32 bytes instead (for the
 comparison in ``streamrank bench embeddings``; see docs/embeddings.md for the figures).
 
-Cache keys are ``(version, table, id)``: a new version never reads another version's rows.
-Unknown ids are cached too (as the table's OOV row), since a published version is immutable.
+Cache keys are ``(publish_id, id)``: every publish of a ``(version, table)`` writes a new random
+publish id into the table's meta, so a new version never reads another version's rows, and a
+version deleted and published again under the same name never reads the rows of its first
+publish (a batch with misses finds out from the fetch reply; its cached rows are then fetched
+again). Unknown ids are cached too (as the table's OOV row), since a publish is immutable.
 """
 
 from __future__ import annotations
@@ -28,14 +31,14 @@ from scoring.cache_policy import make_policy
 from scoring.codec import FloatMatrix, decode_blobs, row_bytes
 from scoring.embedding_metrics import EmbeddingCacheMetrics
 from scoring.embedding_store import EmbeddingStore, EncodedRows, TableMeta
-from streamrank.errors import ConfigError
+from streamrank.errors import ConfigError, EmbeddingError
 
 logger = logging.getLogger(__name__)
 
 Hold = Literal["encoded", "decoded"]
 
 # Python memory of one cache entry beyond its row bytes: the bytes object header, the
-# (version, table, id) key tuple and a short id string, the ordered-dict slot and links.
+# (publish_id, id) key tuple and a short id string, the ordered-dict slot and links.
 # Measured with tracemalloc on CPython 3.11 (~200 B without the id string).
 ENTRY_OVERHEAD_BYTES = 250
 
@@ -91,7 +94,7 @@ class CachedEmbeddings:
         self.metrics.hit_ratio.set_function(self._hit_ratio)
         self.metrics.bytes_used.set_function(lambda: self.policy.used)
         self.metrics.entries.set_function(lambda: len(self.policy))
-        self._oov: dict[tuple[str, str], bytes] = {}  # the OOV row in the held form, per table
+        self._oov: dict[str, bytes] = {}  # the OOV row in the held form, per publish id
         self._hits = 0
         self._misses = 0
         self._oov_count = 0
@@ -112,10 +115,10 @@ class CachedEmbeddings:
 
     def _oov_value(self, meta: TableMeta) -> bytes:
         """The table's OOV row in the held form: one shared object per table (counted by identity)."""
-        oov = self._oov.get((meta.version, meta.table))
+        oov = self._oov.get(meta.publish_id)
         if oov is None:
             oov = meta.oov_blob if self.hold == "encoded" else meta.oov_row.tobytes()
-            self._oov[(meta.version, meta.table)] = oov
+            self._oov[meta.publish_id] = oov
         return oov
 
     def _held(self, rows: EncodedRows) -> list[bytes]:
@@ -136,23 +139,28 @@ class CachedEmbeddings:
         pos: dict[str, int] = {}
         inverse = [pos.setdefault(i, len(pos)) for i in ids]  # dedupe, remembering positions
         unique = list(pos)
-        keys = [(version, table, u) for u in unique]
+        meta = await self.store.cached_meta(version, table)  # in memory after the first call
+        keys = [(meta.publish_id, u) for u in unique]
         got = self.policy.get_many(keys)
         miss = [k for k, v in enumerate(got) if v is None]
         if miss:
-            miss_ids = [unique[k] for k in miss]
-            started = time.perf_counter()
-            fetched = await self.store.fetch_encoded(table, miss_ids, version=version)
-            self.metrics.fetch_seconds.observe(time.perf_counter() - started)
-            self.metrics.fetch_rows.observe(len(miss_ids))
-            meta = fetched.meta
+            fetched = await self._fetch(table, [unique[k] for k in miss], version)
+            if fetched.meta.publish_id != meta.publish_id:
+                # Deleted and published again since `meta` was read: the hits are rows of the
+                # old publish (maybe another encoding), so fetch the whole batch again.
+                meta = fetched.meta
+                keys = [(meta.publish_id, u) for u in unique]
+                got, miss = [None] * len(unique), list(range(len(unique)))
+                fetched = await self._fetch(table, unique, version)
+                if fetched.meta.publish_id != meta.publish_id:
+                    raise EmbeddingError(
+                        f"{version}/{table} changed twice during one lookup; retry"
+                    )
             held = self._held(fetched)
             for k, value in zip(miss, held, strict=True):
                 got[k] = value
             self.policy.put_many([keys[k] for k in miss], held)
-        else:
-            meta = await self.store.cached_meta(version, table)
-        oov = self._oov.get((version, table))
+        oov = self._oov.get(meta.publish_id)
         n_oov = sum(1 for v in got if v is oov) if oov is not None else 0
         self._account(hits=len(unique) - len(miss), misses=len(miss), oov=n_oov)
         rows: list[bytes] = got  # type: ignore[assignment]  # every slot is filled now
@@ -163,6 +171,14 @@ class CachedEmbeddings:
         if len(unique) == len(ids):
             return decoded if self.hold == "encoded" else decoded.copy()
         return decoded[np.array(inverse, dtype=np.intp)]  # [n, dim]
+
+    async def _fetch(self, table: str, ids: list[str], version: str) -> EncodedRows:
+        """One round trip for ``ids`` (distinct), timed into the fetch metrics."""
+        started = time.perf_counter()
+        fetched = await self.store.fetch_encoded(table, ids, version=version)
+        self.metrics.fetch_seconds.observe(time.perf_counter() - started)
+        self.metrics.fetch_rows.observe(len(ids))
+        return fetched
 
     def _account(self, *, hits: int, misses: int, oov: int) -> None:
         m = self.metrics
@@ -188,15 +204,15 @@ class CachedEmbeddings:
         loaded = 0
         unique = list(dict.fromkeys(ids))
         for start in range(0, len(unique), chunk):
-            part = [
-                u for u in unique[start : start + chunk] if (version, table, u) not in self.policy
-            ]
+            publish_id = (await self.store.cached_meta(version, table)).publish_id
+            part = [u for u in unique[start : start + chunk] if (publish_id, u) not in self.policy]
             if not part:
                 continue
             fetched = await self.store.fetch_encoded(table, part, version=version)
             held = self._held(fetched)
             keep = fetched.found.tolist()
-            found_keys = [(version, table, u) for u, ok in zip(part, keep, strict=True) if ok]
+            publish_id = fetched.meta.publish_id  # the rows' own publish (re-read if it changed)
+            found_keys = [(publish_id, u) for u, ok in zip(part, keep, strict=True) if ok]
             added = self.policy.preload(
                 found_keys, [h for h, ok in zip(held, keep, strict=True) if ok]
             )

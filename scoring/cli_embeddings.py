@@ -65,7 +65,11 @@ def register(sub: Any) -> None:
     info.add_argument("--table", action="append", default=None, help="table (default: item)")
     delete = actions.add_parser("delete", help="delete every key of a version (SCAN + UNLINK)")
     delete.add_argument("version")
-    delete.add_argument("--force", action="store_true", help="delete even the active model version")
+    delete.add_argument(
+        "--force",
+        action="store_true",
+        help="delete even the active model version or one in the canary split",
+    )
     for parser in (versions, info, delete):
         parser.add_argument("--json", action="store_true", help="print JSON")
         parser.set_defaults(func=_run)

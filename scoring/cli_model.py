@@ -129,6 +129,8 @@ def _activate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def register(sub: Any) -> None:
+    from scoring.codec import ENCODINGS
+
     train = sub.add_parser(
         "train", help="train DIN + baselines, evaluate, write a versioned artifact"
     )
@@ -155,7 +157,12 @@ def register(sub: Any) -> None:
         help="also feed the user profile (age bucket, gender, occupation) to the models; such a "
         "model needs profile codes at serving time, which the scoring worker does not have",
     )
-    train.add_argument("--encoding", default=None, help="default encoding recorded in config.json")
+    train.add_argument(
+        "--encoding",
+        default=None,
+        choices=ENCODINGS,
+        help="default encoding recorded in config.json (default: setting embedding_encoding)",
+    )
     train.add_argument(
         "--threads", type=int, default=None, help="torch threads (setting torch_threads)"
     )

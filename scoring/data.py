@@ -386,7 +386,7 @@ def age_bucket(age: str) -> str:
     """The age bucket of a raw age string (``unknown`` when it is not a number)."""
     try:
         years = int(float(age))
-    except ValueError:
+    except (ValueError, OverflowError):  # "x", "nan"; "inf"
         return UNKNOWN
     return AGE_BUCKETS[int(np.searchsorted(np.asarray(_AGE_EDGES), years, side="right"))]
 

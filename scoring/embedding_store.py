@@ -137,16 +137,6 @@ class EncodedRows:
     blob: bytes
     found: npt.NDArray[np.bool_]
 
-    def row(self, i: int) -> bytes | None:
-        """Row ``i``'s bytes, or None when its id is unknown."""
-        if not self.found[i]:
-            return None
-        w = self.meta.row_bytes
-        return self.blob[i * w : (i + 1) * w]
-
-    def as_list(self) -> list[bytes | None]:
-        return [self.row(i) for i in range(len(self.found))]
-
     def decode(self) -> FloatMatrix:
         """``float32[n, dim]``, the table's OOV row where an id is unknown (one vectorised pass)."""
         meta = self.meta
@@ -160,6 +150,11 @@ class EncodedRows:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _split_versions(split: str) -> set[str]:
+    """The versions named in a canary split ``"din-a:0.9,din-b:0.1"`` (weights ignored)."""
+    return {chunk.strip().rpartition(":")[0] or chunk.strip() for chunk in split.split(",")}
 
 
 def _parse_meta(version: str, table: str, raw: dict[bytes, bytes]) -> TableMeta:
@@ -221,7 +216,6 @@ class EmbeddingStore:
         self._script = redis.register_script(_FETCH_LUA)
         self._metas: dict[tuple[str, str], TableMeta] = {}
         self.oov_total = 0  # unknown ids served the OOV row (per requested occurrence)
-        self.fetches = 0  # round trips made by fetch_encoded
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> EmbeddingStore:
@@ -280,7 +274,7 @@ class EmbeddingStore:
         id_list = check_ids(ids)
         m32 = check_matrix(id_list, matrix, encoding, dim)
         n, width = m32.shape
-        oov = check_oov_row(oov_row, width)
+        oov = check_oov_row(oov_row, width, encoding)
         try:
             if await self.redis.exists(keys.embedding_meta(version, table)):
                 raise EmbeddingError(
@@ -371,6 +365,12 @@ class EmbeddingStore:
                     f"{need_value} in redis.conf, or use a smaller encoding"
                 ) from exc
             return max_entries
+        if max_entries < 1:
+            raise EmbeddingError(
+                f"this Redis has hash-max-ziplist-entries {max_entries}, so no hash is ever "
+                f"compact and rows would cost several times the memory: set it to "
+                f"{DEFAULT_MAX_ENTRIES} (the default) in redis.conf"
+            )
         if need_value > max_value:
             if not self.configure_redis:
                 raise EmbeddingError(
@@ -402,7 +402,7 @@ class EmbeddingStore:
         progress: bool,
     ) -> int:
         """One HSET per bucket, pipelined in batches of about ``publish_batch_rows`` rows."""
-        order, unique, groups = group_by_bucket(buckets)
+        _order, unique, groups = group_by_bucket(buckets)
         flat = encoded.tobytes()
         width = encoded.shape[1]
         max_rows = 0
@@ -423,7 +423,6 @@ class EmbeddingStore:
             if pending:
                 await pipe.execute()
                 bar.update(pending)
-        del order
         return max_rows
 
     async def _is_compact(self, version: str, table: str, buckets: npt.NDArray[np.int64]) -> bool:
@@ -479,7 +478,6 @@ class EmbeddingStore:
                 pid, rows = await self._fetch(meta, unique_ids)
             except (RedisConnectionError, RedisTimeoutError) as exc:
                 raise RedisUnavailable(f"Redis did not answer an embedding fetch: {exc}") from exc
-            self.fetches += 1
             if pid is not None and pid.decode() == meta.publish_id:
                 assert rows is not None
                 return rows
@@ -599,14 +597,29 @@ class EmbeddingStore:
 
         That includes the model keys ``streamrank publish`` wrote (dense weights, config). The
         metas go first, so a concurrent reader sees UnknownVersion rather than half a table.
-        Refuses the active model version (``sr:model:active``) unless ``force``.
+        Refuses a version the scoring worker may serve, the active one (``sr:model:active``) or
+        one in the canary split (``sr:model:split``), unless ``force``.
         """
         check_name("version", version)
-        active = await self.redis.get(keys.active_model())
+        try:
+            return await self._delete_version(version, force=force)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            raise RedisUnavailable(
+                f"Redis failed while deleting version {version!r} ({exc}); run the delete again "
+                "(it resumes: every step is idempotent)"
+            ) from exc
+
+    async def _delete_version(self, version: str, *, force: bool) -> int:
+        active, split = await self.redis.mget([keys.active_model(), keys.model_split()])
         if active is not None and _text(active) == version and not force:
             raise EmbeddingError(
                 f"version {version!r} is the active model version; activate another first "
                 "(or pass force)"
+            )
+        if split is not None and version in _split_versions(_text(split)) and not force:
+            raise EmbeddingError(
+                f"version {version!r} is in the canary split {keys.model_split()} "
+                f"({_text(split)!r}); take it out of the split first (or pass force)"
             )
         known = version in await self.versions()
         # The model keys go first: without its config a version no longer counts as published,

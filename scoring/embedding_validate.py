@@ -72,6 +72,8 @@ def check_matrix(ids: Sequence[str], matrix: object, encoding: str, dim: int | N
     rows, width = matrix.shape
     if rows != len(ids):
         raise EmbeddingError(f"matrix has {rows} rows but {len(ids)} ids were given")
+    if rows == 0:
+        raise EmbeddingError("no rows to publish (0 ids): a table needs at least one row")
     if width < 1:
         raise EmbeddingError("matrix has dim 0")
     if dim is not None and width != dim:
@@ -93,13 +95,18 @@ def check_matrix(ids: Sequence[str], matrix: object, encoding: str, dim: int | N
     return m32
 
 
-def check_oov_row(oov_row: npt.ArrayLike | None, dim: int) -> FloatMatrix:
-    """The OOV row as float32 ``[1, dim]``; zeros when not given."""
+def check_oov_row(
+    oov_row: npt.ArrayLike | None, dim: int, encoding: str | None = None
+) -> FloatMatrix:
+    """The OOV row as float32 ``[1, dim]``; zeros when not given. Same value rules as the rows."""
     if oov_row is None:
         return np.zeros((1, dim), dtype=np.float32)
-    row = np.asarray(oov_row, dtype=np.float32).reshape(1, -1)  # [1, d]
+    with np.errstate(over="ignore"):
+        row = np.asarray(oov_row, dtype=np.float32).reshape(1, -1)  # [1, d]
     if row.shape[1] != dim:
         raise EmbeddingError(f"oov_row has {row.shape[1]} values, expected dim {dim}")
     if not np.isfinite(row).all():
-        raise EmbeddingError("oov_row contains NaN or Inf")
+        raise EmbeddingError("oov_row contains NaN or Inf (or overflows float32)")
+    if encoding == "fp16" and np.abs(row).max() > _FP16_MAX:
+        raise EmbeddingError("oov_row exceeds the fp16 range (|x| > 65504); use fp32 or int8")
     return row

@@ -298,7 +298,7 @@ class DinScorer:
     ) -> Tensor:
         hist = hist.masked_fill(~hist_mask.unsqueeze(-1), 0.0)  # [B, L, d]; padding (even NaN) -> 0
         a = torch.addmm(self.bias, cands.reshape(-1, cands.shape[-1]), self.w_cand)  # [B*C, h]
-        a = a.view(cands.shape[0], cands.shape[1], 1, -1)  # [B, C, 1, h]
+        a = a.view(cands.shape[0], cands.shape[1], 1, self.bias.shape[0])  # [B, C, 1, h]
         h = torch.matmul(hist, self.w_hist).unsqueeze(1)  # [B, 1, L, h]: once per request
         qw = cands.unsqueeze(-1) * self.w_prod  # [B, C, d, h]: diag(q)·Wp^T
         x = torch.matmul(hist.unsqueeze(1), qw)  # [B, C, L, h]: Wp·(q*k) for every pair

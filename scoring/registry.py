@@ -80,6 +80,23 @@ async def publish_artifact(
             "dense_bytes": len(artifact.dense)}  # fmt: skip
 
 
+def _parse_config(raw: bytes | str, version: str) -> dict[str, Any]:
+    """A published config.json, or ArtifactError (a StreamrankError the scorer's reload handles)."""
+    try:
+        config = json.loads(raw)
+    except ValueError as exc:
+        raise ArtifactError(
+            f"the published config of model version {version!r} is not valid JSON ({exc}); "
+            f"delete the version (`streamrank embeddings delete {version}`) and publish it again"
+        ) from exc
+    if not isinstance(config, dict):
+        raise ArtifactError(
+            f"the published config of model version {version!r} is not a JSON object; "
+            f"delete the version (`streamrank embeddings delete {version}`) and publish it again"
+        )
+    return config
+
+
 async def published_config(redis: aioredis.Redis, version: str) -> dict[str, Any]:
     """The config.json of a published version; UnknownVersion when it is not published."""
     raw = await redis.get(keys.model_config(version))
@@ -87,8 +104,7 @@ async def published_config(redis: aioredis.Redis, version: str) -> dict[str, Any
         raise UnknownVersion(
             f"model version {version!r} is not published; run `streamrank publish ARTIFACT` first"
         )
-    config: dict[str, Any] = json.loads(raw)
-    return config
+    return _parse_config(raw, version)
 
 
 async def activate_version(redis: aioredis.Redis, version: str) -> str | None:
@@ -115,7 +131,7 @@ async def load_scorer_from_redis(
         raise UnknownVersion(
             f"model version {version!r} is not (fully) published; run `streamrank publish` for it"
         )
-    config: dict[str, Any] = json.loads(config_raw)
+    config = _parse_config(config_raw, version)
     return DinScorer.from_bytes(
         config, dense if isinstance(dense, bytes) else dense.encode()
     ), config

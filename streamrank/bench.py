@@ -24,12 +24,22 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
 }
 
 
+def bench_parser(name: str) -> argparse.ArgumentParser:
+    """The full argument parser of one benchmark (imports its module)."""
+    module_name, help_text = BENCHMARKS[name]
+    parser = argparse.ArgumentParser(prog=f"streamrank bench {name}", description=help_text)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    importlib.import_module(module_name).add_arguments(parser)
+    return parser
+
+
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     from streamrank.cli import print_json
 
+    bench_args = bench_parser(args.bench).parse_args(args.bench_args)
     module = importlib.import_module(BENCHMARKS[args.bench][0])
-    result = module.run(args, settings)
-    if args.json:
+    result = module.run(bench_args, settings)
+    if bench_args.json:
         print_json(result)
     else:
         for key, value in result.items():
@@ -44,7 +54,8 @@ def register(sub: Any) -> None:
     for name, (module_name, help_text) in BENCHMARKS.items():
         if importlib.util.find_spec(module_name) is None:
             continue
-        parser = names.add_parser(name, help=help_text)
-        parser.add_argument("--json", action="store_true", help="print one JSON object")
-        importlib.import_module(module_name).add_arguments(parser)
+        # The benchmark's own options are parsed only when it runs, so `streamrank` starts
+        # without importing every benchmark (and torch); `bench NAME --help` shows them.
+        parser = names.add_parser(name, help=help_text, add_help=False, prefix_chars="\0")
+        parser.add_argument("bench_args", nargs=argparse.REMAINDER)
         parser.set_defaults(func=_run)

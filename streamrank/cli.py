@@ -15,7 +15,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import aiokafka.errors
 import orjson
+import redis.exceptions
 
 from streamrank import __version__
 from streamrank.errors import StreamrankError
@@ -36,6 +38,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "streams.cli",
     "scoring.cli_model",
     "scoring.cli",
+    "streamrank.replay",
 )
 
 
@@ -86,21 +89,6 @@ def run_until_signalled(coro: Any) -> Any:
     return asyncio.run(main())
 
 
-_worker_groups: dict[int, Any] = {}
-
-
-def add_worker_kind(sub: Any, kind: str, **kwargs: Any) -> argparse.ArgumentParser:
-    """Add ``streamrank worker KIND``: the ``worker`` group is shared by every worker kind."""
-    group = _worker_groups.get(id(sub))
-    if group is None:
-        worker = sub.add_parser("worker", help="run a worker: features or scoring")
-        group = worker.add_subparsers(dest="worker_kind", metavar="KIND")
-        group.required = True
-        _worker_groups[id(sub)] = group
-    parser: argparse.ArgumentParser = group.add_parser(kind, **kwargs)
-    return parser
-
-
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """Settings from the environment, overridden by the flags that map onto settings."""
     overrides = {k: v for k, v in getattr(args, "settings_overrides", {}).items() if v is not None}
@@ -145,6 +133,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args, settings)
     except StreamrankError as exc:
         print(f"streamrank: {exc}", file=sys.stderr)
+        return 1
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        print(
+            f"streamrank: cannot reach Redis ({exc}); is the stack up (`streamrank stack up`) "
+            "or STREAMRANK_REDIS_URL right?",
+            file=sys.stderr,
+        )
+        return 1
+    except aiokafka.errors.KafkaConnectionError as exc:
+        print(
+            f"streamrank: cannot reach Kafka at {settings.kafka_bootstrap} ({exc}); is the stack "
+            "up (`streamrank stack up`) or STREAMRANK_KAFKA_BOOTSTRAP right?",
+            file=sys.stderr,
+        )
         return 1
     except KeyboardInterrupt:
         print("streamrank: interrupted", file=sys.stderr)

@@ -1,97 +1,318 @@
-"""``streamrank demo``: the whole pipeline on the embedded stack, until Ctrl-C (or --duration).
+"""``streamrank demo`` (``make demo``): the whole pipeline on the embedded stack, until Ctrl-C.
 
-It starts the stack (unless one already answers), creates the topics, then runs the pipeline
-stages that exist and prints what flows through them. On exit it stops exactly what it started.
+1. the stack: the embedded broker and Redis (unless they already answer), and the topics;
+2. a model: the newest artifact trained on the same data, else a quick training run
+   (MovieLens-100K when ``data_dir/ml-100k`` exists, else synthetic clicks); published + activated;
+3. a features worker and a scoring worker as child processes (logs under ``run_dir/demo``);
+4. clicks produced continuously (the dataset's events in time order, ts = now), and every few
+   seconds: how one user's sequence fills up, and a RankRequest for that user with the reply's
+   top items, model version, degraded flag and timings.
+
+Ctrl-C (SIGINT) or SIGTERM stops the workers, then the stack if the demo started it.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
+import json
 import logging
-import random
+import signal
 import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+import numpy as np
 
-from schemas import ClickEvent, decode_click
+from schemas import ClickEvent
 from streamrank.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-
-def synthetic_clicks(
-    n: int, *, users: int, items: int, seed: int, start_ms: int
-) -> list[ClickEvent]:
-    """Zipf-skewed clicks over ``users`` x ``items`` with increasing event time."""
-    rng = random.Random(seed)
-    categories = ("action", "comedy", "drama", "horror", "romance", "sci-fi")
-    out = []
-    for i in range(n):
-        item = min(int(rng.paretovariate(1.1)), items) - 1
-        out.append(
-            ClickEvent(
-                event_id=f"demo-{seed}-{i:09d}",
-                user_id=f"u{rng.randrange(users)}",
-                item_id=f"i{item}",
-                category=categories[item % len(categories)],
-                ts=start_ms + i,
-            )
-        )
-    return out
+# The synthetic model when there is no MovieLens: trains in seconds (like
+# `streamrank train --synthetic --users 300 --epochs 1`).
+SYNTHETIC_USERS, SYNTHETIC_ITEMS, SYNTHETIC_SEED = 300, 100_000, 17
+# One epoch on ml-100k: about a minute on 2 cores instead of ~2-3 for the full 3 epochs; the
+# demo shows the pipeline, and the artifact is kept, so the next demo starts at once (and a
+# fully trained artifact from `streamrank train` is reused when there is one).
+DEMO_EPOCHS = 1
+CANDIDATES = 20  # per rank request: items the watched user clicks later + random others
 
 
-async def _kafka_roundtrip(settings: Settings, *, duration_s: float | None, rate: float) -> None:
-    """Produce clicks and read them back: the broker path the later stages build on."""
-    producer = AIOKafkaProducer(**settings.kafka_client_kwargs(), acks="all", linger_ms=5)
-    consumer = AIOKafkaConsumer(
-        settings.topic_clicks,
-        **settings.kafka_client_kwargs(),
-        group_id=f"streamrank-demo-{int(time.time())}",
-        auto_offset_reset="latest",
-        enable_auto_commit=False,
+def say(message: str) -> None:
+    print(f"demo: {message}", flush=True)
+
+
+@dataclass(frozen=True)
+class DemoModel:
+    """The artifact the demo serves and the dataset its clicks come from."""
+
+    path: Path
+    dataset: Any  # scoring.data.Dataset
+    trained_now: bool
+
+
+def _matching_artifact(root: Path, sha256: str) -> Path | None:
+    """The newest artifact under ``root`` trained on the data with this hash."""
+    found = []
+    for config in Path(root).glob("*/config.json"):
+        try:
+            meta = json.loads(config.read_text())
+        except (OSError, ValueError):
+            continue
+        if (
+            meta.get("data", {}).get("sha256") == sha256
+            and meta.get("model", {}).get("kind") == "din"
+        ):
+            found.append(config)
+    return max(found, key=lambda p: p.stat().st_mtime).parent if found else None
+
+
+def prepare_model(settings: Settings, *, synthetic: bool, progress: bool = True) -> DemoModel:
+    """Reuse the newest artifact trained on the demo's data, or train one (with a bar)."""
+    from scoring.data import load_movielens
+    from scoring.synthetic import generate
+    from scoring.train import TrainConfig, export_artifact, train_and_evaluate
+
+    movielens = Path(settings.data_dir) / "ml-100k"
+    if not synthetic and movielens.is_dir():
+        ds = load_movielens(movielens)
+        epochs = DEMO_EPOCHS
+        say(f"data: MovieLens-100K from {movielens} ({ds.n_events} ratings replayed as clicks)")
+    else:
+        ds = generate(n_users=SYNTHETIC_USERS, n_items=SYNTHETIC_ITEMS, seed=SYNTHETIC_SEED)
+        epochs = 1
+        why = "--synthetic" if synthetic else f"no MovieLens at {movielens}"
+        say(f"data: synthetic clicks ({why}; {ds.n_events} events, {SYNTHETIC_USERS} users)")
+    root = Path(settings.artifacts_dir)
+    found = _matching_artifact(root, ds.sha256)
+    if found is not None:
+        say(f"model: reusing artifact {found} (newest trained on this data)")
+        return DemoModel(found, ds, trained_now=False)
+    say(f"model: training DIN on {ds.name}, {epochs} epoch(s); "
+        f"{'about a minute' if ds.name != 'synthetic' else 'a few seconds'} on 2 cores ...")  # fmt: skip
+    cfg = TrainConfig(
+        epochs=epochs, history_len=settings.sequence_length, threads=settings.torch_threads
     )
-    await producer.start()
-    await consumer.start()
-    produced = consumed = 0
-    seed = int(time.time())
-    started = time.monotonic()
-    last_report = started
-    try:
-        while duration_s is None or time.monotonic() - started < duration_s:
-            batch = synthetic_clicks(
-                max(1, int(rate)),
-                users=100,
-                items=1000,
-                seed=seed + produced,
-                start_ms=int(time.time() * 1000),
+    result = train_and_evaluate(ds, cfg, progress=progress)
+    path = Path(export_artifact(result, ds, cfg, root, encoding=settings.embedding_encoding))
+    test = result.metrics["test"]
+    say(
+        f"model: {path.name} written to {path}; test AUC din {test['din']['auc']:.4f}, "
+        f"base {test['base']['auc']:.4f}, popularity {test['popularity']['auc']:.4f}"
+    )
+    return DemoModel(path, ds, trained_now=True)
+
+
+def dataset_clicks(ds: Any, *, run: str, now_ms: Any = None) -> Iterator[ClickEvent]:
+    """The dataset's events in time order, forever (each pass gets new event ids), ts = now."""
+    rows = np.lexsort((np.arange(ds.n_events), ds.ts))  # (ts, row) order
+    clock = now_ms or (lambda: int(time.time() * 1000))
+    for lap in range(1_000_000):
+        for r in rows.tolist():
+            item = int(ds.item_index[r])
+            yield ClickEvent(
+                event_id=f"{run}-{lap}-{r:08d}",
+                user_id=str(ds.user_ids[r]),
+                item_id=ds.items[item],
+                category=ds.item_category(item) or None,
+                ts=clock(),
             )
-            for event in batch:
-                await producer.send(
-                    settings.topic_clicks, event.to_json(), key=event.user_id.encode()
-                )
-            await producer.flush()
-            produced += len(batch)
-            records = await consumer.getmany(timeout_ms=1000)
-            for messages in records.values():
-                for message in messages:
-                    decode_click(message.value)
-                    consumed += 1
-            if time.monotonic() - last_report >= 2:
-                last_report = time.monotonic()
-                print(f"demo: produced {produced} clicks, consumed {consumed} back from the broker")
-    finally:
-        await consumer.stop()
-        await producer.stop()
 
 
-async def run_demo(settings: Settings, *, duration_s: float | None, rate: float) -> None:
+def pick_user_and_items(
+    ds: Any, *, horizon: int, max_events: int, seed: int = 0
+) -> tuple[str, list[str], set[str]]:
+    """A user active in the first ``horizon`` events, and candidates: items that user clicks later in the
+    stream plus random others (so a good model visibly ranks the later clicks high)."""
+    rows = np.lexsort((np.arange(ds.n_events), ds.ts))
+    early = ds.user_ids[rows[:horizon]]
+    names, first, inverse, counts = np.unique(
+        early, return_index=True, return_inverse=True, return_counts=True
+    )
+    last = np.zeros(len(names), dtype=np.int64)
+    np.maximum.at(last, inverse, np.arange(len(early)))
+    # Someone whose clicks are spread over the window and do not overflow the sequence at once
+    # (MovieLens users often rate hundreds of films in one sitting): the sequence visibly fills.
+    spread = np.where((counts >= 5) & (counts <= max_events), last - first, -1)
+    pick = int(np.argmax(spread)) if spread.max() > 0 else int(np.argmax(counts))
+    user = str(names[pick])
+    mine = rows[ds.user_ids[rows] == user]
+    later = list(dict.fromkeys(ds.items[int(ds.item_index[r])] for r in mine[len(mine) // 2 :]))
+    rng = np.random.default_rng(seed)
+    positives = later[: CANDIDATES // 4]
+    others = [
+        ds.items[int(i)] for i in rng.permutation(len(ds.items)) if ds.items[int(i)] not in later
+    ][: CANDIDATES - len(positives)]
+    items = positives + others
+    rng.shuffle(items)
+    return user, items, set(positives)
+
+
+def _metrics_port(settings: Settings, kind: str) -> int:
+    """The worker kind's default /metrics port when free (0 = off when taken or disabled)."""
+    from streamrank.metrics_http import DEFAULT_PORTS
+    from streamrank.stack import port_in_use
+
+    if settings.metrics_port == 0:
+        return 0
+    port = settings.metrics_port or DEFAULT_PORTS[kind]
+    return 0 if port_in_use(port) else port
+
+
+async def _show_features(settings: Settings, user: str) -> None:
+    from streams.worker import read_user_features
+
+    features = await read_user_features(settings, user)
+    newest = [e["item_id"] for e in features["sequence"][-5:]]
+    counters = features["counters"]
+    print(
+        f"features: user {user} has {len(features['sequence'])} events in its sequence "
+        f"(newest {newest}); clicks 1h {counters['clicks_1h']}, 24h {counters['clicks_24h']}",
+        flush=True,
+    )
+
+
+async def _show_rank(client: Any, user: str, items: list[str], later: set[str]) -> None:
+    from scoring.client import RankRejected, RankTimeout
+
+    started = time.perf_counter()
+    try:
+        result = await client.rank(user, items, timeout=10.0)
+    except (RankTimeout, RankRejected) as exc:
+        print(f"rank: user {user}: no ranking ({exc})", flush=True)
+        return
+    client_ms = (time.perf_counter() - started) * 1000
+    stages = ", ".join(f"{k} {v:.1f}" for k, v in result.timings_ms.items() if k != "total")
+    reason = f" ({result.reason})" if result.reason else ""
+    print(
+        f"rank: user {user} -> model {result.model_version or '-'}, "
+        f"degraded={result.degraded}{reason}, worker {result.timings_ms.get('total', 0):.1f} ms "
+        f"({stages}), round trip {client_ms:.1f} ms; top of {len(items)} candidates "
+        "(* = the user clicks it later in the stream):",
+        flush=True,
+    )
+    ranked = sorted(zip(result.scores, result.items, strict=True), reverse=True)[:5]
+    for pos, (score, item) in enumerate(ranked, 1):
+        print(f"  {pos}. {score:.4f}  {item}{' *' if item in later else ''}", flush=True)
+
+
+async def run_demo(
+    settings: Settings,
+    model: DemoModel,
+    *,
+    duration_s: float | None,
+    rate: float,
+    every_s: float,
+    logs: Path,
+) -> None:
+    """Publish + activate the model, start both workers, then produce, watch and rank."""
+    import redis.asyncio as aioredis
+    from aiokafka import AIOKafkaProducer
+
+    from scoring.artifact import load_artifact
+    from scoring.client import RankClient
+    from scoring.registry import activate_version
+    from streamrank.pipeline import (
+        FEATURES_READY,
+        SCORING_READY,
+        ensure_published,
+        start_worker,
+        wait_logged,
+    )
     from streamrank.topics import create_topics
 
     topics = await create_topics(settings)
-    print("topics: " + ", ".join(f"{t} ({s})" for t, s in topics.items()))
-    await _kafka_roundtrip(settings, duration_s=duration_s, rate=rate)
+    say("topics: " + ", ".join(f"{t} ({s})" for t, s in topics.items()))
+    artifact = load_artifact(model.path)
+    redis = aioredis.from_url(settings.redis_dsn, **settings.redis_client_kwargs())
+    try:
+        published = await ensure_published(redis, artifact)
+        previous = await activate_version(redis, artifact.version)
+    finally:
+        await redis.aclose()
+    say(
+        f"model {artifact.version}: {'published' if published['published_now'] else 'already published'} "
+        f"({published['encoding']} item table, {len(artifact.item_ids)} items); active "
+        f"(was {previous or 'none'})"
+    )
+
+    ports = {kind: _metrics_port(settings, kind) for kind in ("features", "scoring")}
+    handles = {
+        kind: start_worker(kind, settings, log_path=logs / f"{kind}-worker.log",
+                           metrics_port=ports[kind])
+        for kind in ("features", "scoring")
+    }  # fmt: skip
+    producer: AIOKafkaProducer | None = None
+    try:
+        say("waiting for the features and scoring workers ...")
+        await asyncio.gather(
+            asyncio.to_thread(wait_logged, handles["features"], FEATURES_READY,
+                              what="features worker", timeout_s=180),
+            asyncio.to_thread(wait_logged, handles["scoring"], SCORING_READY,
+                              what="scoring worker", timeout_s=180),
+        )  # fmt: skip
+        for kind, handle in handles.items():
+            metrics = f"http://127.0.0.1:{ports[kind]}/metrics" if ports[kind] else "off"
+            say(f"{kind} worker pid {handle.pid} ready (log {handle.log_path}; metrics {metrics})")
+        user, items, later = pick_user_and_items(
+            model.dataset, horizon=max(1000, int(rate * 30)), max_events=settings.sequence_length
+        )
+        say(f"producing {rate:.0f} clicks/s; watching user {user}; press Ctrl-C to stop")
+        producer = AIOKafkaProducer(**settings.kafka_client_kwargs(), acks="all", linger_ms=5)
+        await producer.start()
+        clicks = dataset_clicks(model.dataset, run=f"demo-{uuid.uuid4().hex[:6]}")
+        async with RankClient(settings=settings) as client:
+            started = time.monotonic()
+            produced = 0
+            next_show = started + every_s
+            while duration_s is None or time.monotonic() - started < duration_s:
+                due = int((time.monotonic() - started) * rate) - produced
+                for event in (next(clicks) for _ in range(max(0, due))):
+                    await producer.send(
+                        settings.topic_clicks, event.to_json(), key=event.user_id.encode()
+                    )
+                produced += max(0, due)
+                if time.monotonic() >= next_show:
+                    next_show += every_s
+                    await producer.flush()
+                    print(f"clicks: {produced} produced", flush=True)
+                    await _show_features(settings, user)
+                    await _show_rank(client, user, items, later)
+                await asyncio.sleep(0.05)
+    finally:
+        if producer is not None:
+            with contextlib.suppress(Exception):
+                await producer.stop()
+        codes = await asyncio.gather(
+            *(asyncio.to_thread(h.stop) for h in reversed(handles.values()))
+        )
+        say(
+            "stopped the scoring and features workers (exit codes "
+            + ", ".join(str(c) for c in codes)
+            + ")"
+        )
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """SIGINT and SIGTERM raise KeyboardInterrupt while the (synchronous) training runs, so the
+    stack is still stopped: a background process inherits an ignored SIGINT, and SIGTERM would
+    end the process without running any ``finally``."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
@@ -102,24 +323,34 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
     status = stack.status()
     we_started = not (status["kafka"]["up"] and status["redis"]["up"])
     if we_started:
-        print("demo: starting the embedded stack ...")
-        stack.up()
+        say("starting the embedded stack ...")
+        stack.up(timeout_s=60)
     else:
-        print("demo: using the stack that is already up")
+        say("using the stack that is already up")
     status = stack.status()
-    print(
+    say(
         f"kafka {status['kafka']['bootstrap']} up={status['kafka']['up']}; "
         f"redis {status['redis']['url']} up={status['redis']['up']}"
     )
-    print("demo: running; press Ctrl-C to stop")
     try:
-        run_until_signalled(run_demo(settings, duration_s=args.duration, rate=args.rate))
-        print("\ndemo: shutting down")
+        with _interruptible():
+            model = prepare_model(settings, synthetic=args.synthetic, progress=not args.no_progress)
+        run_until_signalled(
+            run_demo(
+                settings,
+                model,
+                duration_s=args.duration,
+                rate=args.rate,
+                every_s=args.every,
+                logs=Path(settings.run_dir).resolve() / "demo",
+            )
+        )
+        say("shutting down")
     finally:
         if we_started:
             with contextlib.suppress(KeyboardInterrupt):
                 stopped = stack.down()
-                print("demo: stopped " + ", ".join(stopped))
+                say("stopped " + ", ".join(stopped))
     return 0
 
 
@@ -129,4 +360,9 @@ def register(sub: Any) -> None:
         "--duration", type=float, default=None, help="seconds to run (default: until Ctrl-C)"
     )
     demo.add_argument("--rate", type=float, default=200.0, help="clicks produced per second")
+    demo.add_argument("--every", type=float, default=3.0, help="seconds between printouts")
+    demo.add_argument(
+        "--synthetic", action="store_true", help="synthetic clicks even when MovieLens is there"
+    )
+    demo.add_argument("--no-progress", action="store_true", help="no training progress bar")
     demo.set_defaults(func=_demo)

@@ -4,11 +4,12 @@ Faust owns the consumer group (membership, partition assignment, rebalances) and
 commits; state lives in Redis, so the app has no tables, no changelogs, no leader topic and no
 web server. Two ways to hand records to the batch processor (setting ``features_path``):
 
-- ``batch`` (default): ``BatchConsumer`` replaces Faust's per-message drain loop (which awaits
-  ``wait_first(callback(message), ...)`` per message, then the conductor builds an Event and
-  queues it for the agent's stream) with one that takes each fetch from Faust's consumer as a
-  whole, processes it, and then acks every message of it through Faust's own
-  ``Consumer.ack``, so Faust's commit task commits those offsets: after the Redis write.
+- ``batch`` (default): ``FeaturesConsumer`` replaces Faust's per-message drain loop (which
+  awaits ``wait_first(callback(message), ...)`` per message, then the conductor builds an Event
+  and queues it for the agent's stream) with one that takes each fetch from Faust's consumer as
+  a whole, processes it, and then acks every message of it through Faust's own
+  ``Consumer.ack``, so Faust's commit task commits those offsets: after the Redis write. Up to
+  ``features_max_inflight_batches`` batches are in flight (batches commute).
 - ``agent``: a Faust agent with ``stream.take_events(n, within)``. The agent holds an extra
   reference on each message while the batch is processed and acks only after ``process``
   returned, so take_events' own ack (which also runs when the generator is closed by a
@@ -33,6 +34,7 @@ from streams.batch import Record
 logger = logging.getLogger(__name__)
 
 BatchHandler = Callable[[Sequence[Record]], Awaitable[Any]]
+LagHandler = Callable[[str, int, int], None]  # (topic, partition, records behind)
 
 
 class FeaturesConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -61,6 +63,7 @@ class FeaturesConsumer(faust_aiokafka.Consumer):
         fetcher_stopped = fetcher._stopped.is_set
         read_offset = self._read_offset
         ack = self.ack
+        on_lag: LagHandler | None = self.app.on_lag  # type: ignore[attr-defined]
         # Batches commute (see docs/streams.md), so the next fetch is decoded while Redis runs
         # the previous batch's script; each batch is acked only after its own write.
         inflight: deque[tuple[asyncio.Future[Any], list[Any]]] = deque()
@@ -71,6 +74,13 @@ class FeaturesConsumer(faust_aiokafka.Consumer):
             inflight.popleft()
             for message in done_messages:
                 ack(message)
+            if on_lag is not None:
+                # Records behind the high watermark once this batch is durable (a gauge for ops).
+                done = {m.tp: m.offset for m in done_messages}  # the last offset per partition
+                for tp, offset in done.items():
+                    highwater = self.highwater(tp)
+                    if highwater is not None:
+                        on_lag(tp.topic, tp.partition, max(0, highwater - (offset + 1)))
 
         try:
             while not (consumer_stopped() or fetcher_stopped()):
@@ -87,7 +97,10 @@ class FeaturesConsumer(faust_aiokafka.Consumer):
                     if last is not None and message.offset > last + 1:
                         await self._add_gap(tp, last + 1, message.offset - 1)
                     read_offset[tp] = message.offset
-                records = [Record(m.topic, m.partition, m.offset, m.key, m.value) for m in messages]
+                records = [
+                    Record(m.topic, m.partition, m.offset, m.key, m.value, m.timestamp)
+                    for m in messages
+                ]
                 inflight.append((asyncio.ensure_future(handler(records)), messages))
                 while inflight and (len(inflight) >= max_inflight or inflight[0][0].done()):
                     await finish_oldest()
@@ -105,6 +118,7 @@ class FeaturesApp(faust.App):
     """A Faust app with the features consumer (see the module doc)."""
 
     batch_handler: BatchHandler
+    on_lag: LagHandler | None = None
     use_batch_path: bool = True
     fetch_max_wait_ms: int = 10
     max_inflight: int = 2
@@ -114,7 +128,14 @@ class FeaturesApp(faust.App):
 
 
 def _record(message: Any) -> Record:
-    return Record(message.topic, message.partition, message.offset, message.key, message.value)
+    return Record(
+        message.topic,
+        message.partition,
+        message.offset,
+        message.key,
+        message.value,
+        message.timestamp,
+    )
 
 
 def _credentials(settings: Any) -> Any:
@@ -169,7 +190,7 @@ def create_app(settings: Any, *, handler: BatchHandler) -> FeaturesApp:
     app.max_inflight = settings.features_max_inflight_batches
     topic = app.topic(settings.topic_clicks, key_type=bytes, value_type=bytes, acks=True)
     if settings.features_path == "batch":
-        # Subscribe without an agent: BatchConsumer hands whole fetches to the handler.
+        # Subscribe without an agent: FeaturesConsumer hands whole fetches to the handler.
         app.topics.add(topic)
     else:
         batch_size, within = settings.features_batch_size, settings.features_batch_within_s

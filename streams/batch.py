@@ -28,6 +28,7 @@ class Record(NamedTuple):
     offset: int
     key: bytes | None
     value: bytes | None
+    timestamp_s: float | None = None  # the record's broker/producer timestamp
 
 
 @dataclass(slots=True)

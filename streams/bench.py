@@ -137,6 +137,22 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _samples(port: int) -> dict[str, float]:
+    """The worker's /metrics samples without labels, by name."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.labels or set(sample.labels) == {"le"}:
+                key = sample.name + (f"{{le={sample.labels['le']}}}" if sample.labels else "")
+                out[key] = float(sample.value)
+    return out
+
+
 def _applied(port: int) -> float:
     """Events the worker has processed: applied, plus any that a retried batch (after a
     timed-out reply) found already applied."""
@@ -324,7 +340,16 @@ async def _bench(settings: Settings, args: argparse.Namespace, work_dir: Path) -
     try:
         await asyncio.to_thread(worker.wait_ready, 120)
         drain = await measure_drain(worker.pid, settings.metrics_port or 0, args.events)
+        port = settings.metrics_port or 0
+        before = await asyncio.to_thread(_samples, port)
         latency = await measure_latency(settings, settings.topic_clicks, run, args)
+        after = await asyncio.to_thread(_samples, port)
+        name = "streamrank_features_append_to_durable_seconds"
+        batches = after[f"{name}_count"] - before[f"{name}_count"]
+        latency["worker_batches"] = int(batches)
+        latency["worker_append_to_durable_mean_ms"] = round(
+            (after[f"{name}_sum"] - before[f"{name}_sum"]) / max(batches, 1) * 1000, 2
+        )
     finally:
         worker.stop()
     deleted = await _cleanup(settings, run)

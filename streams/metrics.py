@@ -54,6 +54,13 @@ class FeatureMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.append_to_durable = Histogram(
+            f"{p}_append_to_durable_seconds",
+            "Per batch: now, when the batch is durable, minus the Kafka timestamp of its oldest "
+            "record (the worker's share of click-to-visible latency, broker included).",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.event_time_lag = Gauge(
             f"{p}_event_time_lag_seconds",
             "Now minus the event time of the newest event of the last applied batch.",
@@ -71,5 +78,14 @@ class FeatureMetrics:
             ["dependency"],
             registry=r,
         )
+        self.consumer_lag = Gauge(
+            f"{p}_consumer_lag",
+            "Records behind the partition's high watermark after the last durable batch.",
+            ["topic", "partition"],
+            registry=r,
+        )
         for dep in ("redis", "kafka"):
             self.dependency_up.labels(dep).set(1)
+
+    def set_lag(self, topic: str, partition: int, lag: int) -> None:
+        self.consumer_lag.labels(topic, str(partition)).set(lag)

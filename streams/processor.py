@@ -144,6 +144,9 @@ class FeatureProcessor:
             newest = max(event.ts for event in classified.apply)
             m.event_time_lag.set(max(0.0, time.time() - newest / 1000))
         m.batch_seconds.observe(time.perf_counter() - started)
+        stamps = [r.timestamp_s for r in records if r.timestamp_s]
+        if stamps:
+            m.append_to_durable.observe(max(0.0, time.time() - min(stamps)))
         return BatchOutcome(
             len(records), applied, duplicates, len(classified.forward), len(classified.dead)
         )

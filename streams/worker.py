@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import sys
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -33,6 +35,7 @@ def run_features_worker(settings: Settings, *, metrics_port: int | None = None) 
     serve_metrics(registry, resolve_port(metrics_port, settings.metrics_port, "features"))
     processor = FeatureProcessor(settings=settings, metrics=metrics)
     app = create_app(settings, handler=processor.process)
+    app.on_lag = metrics.set_lag
     logger.info(
         "features worker: group %s, topic %s, path %s, batch %s",
         settings.features_app_id,
@@ -40,6 +43,15 @@ def run_features_worker(settings: Settings, *, metrics_port: int | None = None) 
         settings.features_path,
         settings.features_batch_size,
     )
+    # Each batch allocates ~10 short-lived objects per event: with the default threshold (700)
+    # the cyclic GC runs every few dozen events and rescans the long-lived startup heap
+    # (Faust, aiokafka, ...). Freeze that heap and collect gen0 less often.
+    gc.freeze()
+    gc.set_threshold(100_000, 50, 100)
+    # Faust runs the Kafka client in its own thread: every fetch crosses threads twice. With
+    # the default 5 ms GIL switch interval a fetch reply can wait for the main thread's batch
+    # work; 0.5 ms lowered p50 and p99 click-to-visible in 3 of 3 paired runs.
+    sys.setswitchinterval(0.0005)
     worker = faust.Worker(
         app, loglevel=settings.log_level.lower(), quiet=True, redirect_stdouts=False
     )

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas import DeadLetter, decode_dead_letter
@@ -102,3 +102,20 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 def metric(samples: dict[Any, float], name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+async def committed_offsets(settings: Settings) -> dict[int, int]:
+    consumer = AIOKafkaConsumer(
+        **settings.kafka_client_kwargs(),
+        group_id=settings.features_app_id,
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    try:
+        offsets = {
+            p: await consumer.committed(TopicPartition(settings.topic_clicks, p))
+            for p in range(settings.topic_partitions)
+        }
+        return {p: o for p, o in offsets.items() if o is not None}
+    finally:
+        await consumer.stop()

@@ -194,3 +194,44 @@ async def test_redis_down_is_a_retriable_error() -> None:
         assert info.value.retriable
         with pytest.raises(RedisUnavailable):
             await down.versions()
+        with pytest.raises(RedisUnavailable, match="deleting version 'v1'"):
+            await down.delete_version("v1")
+
+
+@pytest.mark.parametrize("second_encoding", ["int8", "fp16"])
+async def test_republished_version_never_mixes_cached_rows_of_the_old_publish(
+    store: EmbeddingStore, stack: StackInfo, unique: str, second_encoding: str
+) -> None:
+    # The writer is another process: it deletes the version and publishes it again under the
+    # same name (new rows, maybe another encoding) while this cache holds rows of the first one.
+    writer_client = CountingRedis.from_url(stack.redis_url, decode_responses=False)
+    writer = EmbeddingStore(redis=writer_client)
+    version = f"crepub-{unique}"
+    first, second = matrix(300, 32, 11), matrix(300, 32, 12)
+    ids = IDS[:300]
+    try:
+        await writer.publish("item", ids, first, encoding="int8", version=version, progress=False)
+        emb = CachedEmbeddings(store=store, cache_bytes=1 << 20)
+        old = await emb.lookup(version, "item", ids[:100])
+        assert np.array_equal(old, roundtrip(first[:100], "int8"))
+        await writer.delete_version(version)
+        await writer.publish(
+            "item", ids, second, encoding=second_encoding, version=version, progress=False
+        )
+        # 50 cached ids (of the deleted publish) + 50 misses: the misses reveal the new publish,
+        # and then every row must come from it, decoded with its encoding.
+        got = await emb.lookup(version, "item", ids[50:150])
+        assert np.array_equal(got, roundtrip(second[50:150], second_encoding))
+        # And from now on the cache serves the new rows, without a round trip.
+        trips = CountingRedis.round_trips
+        again = await emb.lookup(version, "item", ids[50:150])
+        assert CountingRedis.round_trips == trips
+        assert np.array_equal(again, got)
+        # Warm-up skips only the rows of the current publish.
+        assert await emb.warm(version, "item", ids[:60]) == 50
+        assert np.array_equal(
+            await emb.lookup(version, "item", ids[:50]), roundtrip(second[:50], second_encoding)
+        )
+    finally:
+        await writer.delete_version(version)
+        await writer_client.aclose()

@@ -146,6 +146,30 @@ async def test_delete_refuses_the_active_model_version(
             await client.set(keys.active_model(), previous)
 
 
+async def test_delete_refuses_a_version_in_the_canary_split(
+    store: EmbeddingStore, client: CountingRedis, unique: str
+) -> None:
+    # The scoring worker serves every version of sr:model:split, not only sr:model:active.
+    version, other = f"canary-{unique}", f"other-{unique}"
+    for v in (version, other):
+        await store.publish(
+            "item", ["a"], matrix(1, 4, 5), encoding="int8", version=v, progress=False
+        )
+    previous = await client.get(keys.model_split())
+    await client.set(keys.model_split(), f"din-main-{unique}:0.9, {version}:0.1")
+    try:
+        with pytest.raises(EmbeddingError, match=f"{version!r} is in the canary split"):
+            await store.delete_version(version)
+        assert version in await store.versions()
+        assert await store.delete_version(other) >= 2  # not in the split
+        assert await store.delete_version(version, force=True) >= 2
+    finally:
+        if previous is None:
+            await client.delete(keys.model_split())
+        else:
+            await client.set(keys.model_split(), previous)
+
+
 async def test_deleted_and_republished_version_is_reread(
     client: CountingRedis, unique: str
 ) -> None:
@@ -184,6 +208,7 @@ async def test_bad_input_is_rejected_before_anything_is_written(
         (dict(ids=ids[:9], matrix=good), "10 rows but 9 ids"),
         (dict(ids=ids, matrix=good.astype(np.int32)), "dtype is int32"),
         (dict(ids=ids, matrix=good, oov_row=[1.0]), "oov_row"),
+        (dict(ids=[], matrix=good[:0]), "no rows to publish"),
     ]
     for kwargs, message in cases:
         with pytest.raises(EmbeddingError, match=message):
@@ -192,6 +217,10 @@ async def test_bad_input_is_rejected_before_anything_is_written(
         await store.publish("it:em", ids, good, encoding="int8", version=version, progress=False)
     with pytest.raises(EmbeddingError, match="unknown encoding"):
         await store.publish("item", ids, good, encoding="int4", version=version, progress=False)
+    with pytest.raises(EmbeddingError, match="oov_row exceeds the fp16 range"):
+        await store.publish(
+            "item", ids, good, encoding="fp16", version=version, oov_row=[1e5] * 4, progress=False
+        )
     assert await keys_of(client, version) == []
     assert version not in await store.versions()
 
@@ -237,6 +266,24 @@ async def test_one_round_trip_per_batch(
     await store.delete_version(version)
 
 
+async def test_a_zero_ziplist_entries_limit_is_a_clear_error(
+    client: CountingRedis, unique: str
+) -> None:
+    conf = await client.config_get("hash-max-ziplist-entries")
+    original = int(conf.get("hash-max-ziplist-entries", conf.get(b"hash-max-ziplist-entries")))
+    await client.config_set("hash-max-ziplist-entries", 0)
+    try:
+        store = EmbeddingStore(redis=client)
+        with pytest.raises(EmbeddingError, match="hash-max-ziplist-entries 0"):
+            await store.publish(
+                "item", ["a"], matrix(1, 8, 1), encoding="int8", version=f"ze-{unique}",
+                progress=False,
+            )  # fmt: skip
+        assert await keys_of(client, f"ze-{unique}") == []
+    finally:
+        await client.config_set("hash-max-ziplist-entries", original)
+
+
 async def test_fp32_needs_a_larger_ziplist_value_limit(client: CountingRedis, unique: str) -> None:
     original = await ziplist_value(client)
     await client.config_set("hash-max-ziplist-value", 64)
@@ -280,3 +327,22 @@ async def test_client_must_return_bytes(stack: StackInfo) -> None:
     with pytest.raises(ConfigError, match="decode_responses=False"):
         EmbeddingStore(redis=text)
     await text.aclose()
+
+
+@pytest.mark.parametrize("fetch_mode", ["script", "pipeline"])
+async def test_unicode_ids_round_trip(client: CountingRedis, unique: str, fetch_mode: str) -> None:
+    # Ids travel as UTF-8 (bucket hash, HSET field, the script's \x1f-joined argument).
+    store = EmbeddingStore(redis=client, fetch_mode=fetch_mode)  # type: ignore[arg-type]
+    version = f"uni-{fetch_mode}-{unique}"
+    ids = ["café", "東京", "🎬-42", "a,b", "naïve ", "ß" * 40, *(f"é{k}" for k in range(200))]
+    m = matrix(len(ids), 16, seed=12)
+    await store.publish("item", ids, m, encoding="fp16", version=version, progress=False)
+    asked = ["🎬-42", "cafe", "東京", "café", "a,b", "ß" * 40, "é199", "東京", "naïve"]
+    got = await store.lookup("item", asked, version=version)
+    expected = roundtrip(m, "fp16")
+    for k, i in enumerate(asked):
+        if i in ids:
+            assert np.array_equal(got[k], expected[ids.index(i)]), i
+        else:
+            assert not got[k].any(), i  # "cafe" and "naïve" (no trailing space) are unknown
+    await store.delete_version(version)

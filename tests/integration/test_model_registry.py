@@ -167,3 +167,25 @@ def test_publish_completes_after_a_crash_between_table_and_weights(
         assert await client.get(keys.active_model()) == art.version.encode()
 
     _run(stack.redis_url, scenario)
+
+
+@pytest.mark.parametrize("config", [b"{not json", b"[1, 2]"])
+def test_corrupt_published_config_is_an_artifact_error(
+    stack: StackInfo, unique: str, config: bytes
+) -> None:
+    # The scoring worker's reload catches StreamrankError: a bare JSONDecodeError (or an
+    # AttributeError on a JSON list) would escape it.
+    version = f"corrupt-{unique}"
+
+    async def go(client: aioredis.Redis) -> None:
+        await client.set(keys.model_config(version), config)
+        await client.set(keys.model_dense(version), b"x")
+        try:
+            with pytest.raises(ArtifactError, match=f"config of model version '{version}'"):
+                await load_scorer_from_redis(client, version)
+            with pytest.raises(ArtifactError, match="delete the version"):
+                await activate_version(client, version)
+        finally:
+            await client.delete(keys.model_config(version), keys.model_dense(version))
+
+    _run(stack.redis_url, go)

@@ -147,3 +147,11 @@ def test_unreachable_kafka_is_a_clear_error(tmp_path: Path) -> None:
     result = cli("topics", "create", env=env)
     assert result.returncode == 1
     assert "cannot reach Kafka" in result.stderr
+
+
+def test_unreachable_redis_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRANK_")}
+    env["STREAMRANK_REDIS_URL"] = f"redis://127.0.0.1:{free_port()}/0"
+    result = cli("activate", "din-20990101-abcdef", env=env)
+    assert result.returncode == 1
+    assert "cannot reach Redis" in result.stderr and "Traceback" not in result.stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 import redis.asyncio as aioredis
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 
 from streamrank.settings import Settings
 from streamrank.stack import free_port
@@ -20,6 +20,7 @@ from streams.launch import settings_env, start_features_worker
 from streams.reader import FeatureReader
 from tests.integration.features_support import (
     click,
+    committed_offsets,
     metric,
     poll,
     produce,
@@ -27,23 +28,6 @@ from tests.integration.features_support import (
     scrape,
     sequence_members,
 )
-
-
-async def committed_offsets(settings: Settings) -> dict[int, int]:
-    consumer = AIOKafkaConsumer(
-        **settings.kafka_client_kwargs(),
-        group_id=settings.features_app_id,
-        enable_auto_commit=False,
-    )
-    await consumer.start()
-    try:
-        offsets = {
-            p: await consumer.committed(TopicPartition(settings.topic_clicks, p))
-            for p in range(settings.topic_partitions)
-        }
-        return {p: o for p, o in offsets.items() if o is not None}
-    finally:
-        await consumer.stop()
 
 
 async def topic_ends(settings: Settings) -> dict[int, int]:
@@ -149,6 +133,17 @@ async def test_worker_applies_forwards_and_dead_letters(
         assert metric(samples, "streamrank_features_events_duplicate_total") == 10
         assert metric(samples, "streamrank_features_dead_letters_total", reason="not_json") == 1
         assert metric(samples, "streamrank_features_dead_letters_total", reason="too_large") == 1
+        if path == "batch":
+            # Everything produced gets processed: then no partition is behind its high watermark.
+            async def caught_up() -> bool:
+                lags = [
+                    value
+                    for (name, _labels), value in (await asyncio.to_thread(scrape, port)).items()
+                    if name == "streamrank_features_consumer_lag"
+                ]
+                return bool(lags) and set(lags) == {0.0}
+
+            await poll(caught_up, timeout_s=15, what="consumer lag 0 on every partition")
 
         ends = await topic_ends(settings)
         # Every produced record plus the 20 keyed copies of the unkeyed ones.

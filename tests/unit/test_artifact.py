@@ -137,6 +137,14 @@ def test_nan_rows_and_duplicate_ids_are_refused(tmp_path: Path) -> None:
     )  # type: ignore[arg-type]
     with pytest.raises(ArtifactError, match="duplicate ids"):
         load_artifact(dup)
+    nan_oov = save_artifact(
+        tmp_path / "e",
+        item_ids=["x", "y", "z"],
+        item_table=np.ones_like(table),
+        **{**kwargs, "oov_row": np.full(SPEC.item_dim, np.inf, np.float32)},
+    )  # type: ignore[arg-type]
+    with pytest.raises(ArtifactError, match="oov row has NaN/Inf"):
+        load_artifact(nan_oov)
     with pytest.raises(ArtifactError, match="unknown encoding 'int3'"):
         save_artifact(
             tmp_path / "d",

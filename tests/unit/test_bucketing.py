@@ -53,6 +53,9 @@ def test_choose_bucket_count_keeps_every_bucket_under_the_limit() -> None:
     # ... but no further than needed for about that fill.
     assert n < 50_000 / (0.5 * 128)
     assert choose_bucket_count(h[:0], max_entries=128) == 1
+    # No bucket can hold 0 rows: an error, not an endless loop (Redis' entries limit may be 0).
+    with pytest.raises(ValueError, match="max_entries must be >= 1"):
+        choose_bucket_count(h[:10], max_entries=0)
 
 
 def test_group_by_bucket_matches_brute_force() -> None:

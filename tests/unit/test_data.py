@@ -170,6 +170,8 @@ def test_profiles_bucket_ages_and_code_unknowns_as_zero(tmp_path: Path) -> None:
     assert [age_bucket(a) for a in ("7", "17", "18", "24", "25", "49", "50", "56", "73", "x")] == [
         "<18", "<18", "18-24", "18-24", "25-34", "45-49", "50-55", "56+", "56+", "unknown",
     ]  # fmt: skip
+    # ages that parse as floats but are no age (a corrupt .user file) are unknown, not a crash
+    assert [age_bucket(a) for a in ("inf", "-inf", "nan", "")] == ["unknown"] * 4
     ds = load_movielens(write_grouplens(tmp_path / "ml"))
     profiles = build_profiles(ds)
     assert profiles.features == ("age", "gender", "occupation")

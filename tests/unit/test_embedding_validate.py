@@ -61,6 +61,8 @@ def test_matrix_checks_name_the_offending_ids() -> None:
         check_matrix(ids, m.tolist(), "int8", None)
     with pytest.raises(EmbeddingError, match="unknown encoding"):
         check_matrix(ids, m, "int4", None)
+    with pytest.raises(EmbeddingError, match="no rows to publish"):
+        check_matrix([], m[:0], "int8", None)
 
 
 def test_oov_row() -> None:
@@ -70,6 +72,10 @@ def test_oov_row() -> None:
         check_oov_row([1, 2], 3)
     with pytest.raises(EmbeddingError, match="NaN"):
         check_oov_row([1, np.nan, 3], 3)
+    # fp16 would store inf for an out-of-range OOV row, like for a row
+    with pytest.raises(EmbeddingError, match="oov_row exceeds the fp16 range"):
+        check_oov_row([1.0, 7e4, 3.0], 3, "fp16")
+    assert check_oov_row([1.0, 7e4, 3.0], 3, "int8").tolist() == [[1.0, 7e4, 3.0]]
 
 
 def test_top_k() -> None:

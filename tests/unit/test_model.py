@@ -107,6 +107,20 @@ def test_masked_candidates_score_zero_and_do_not_affect_others() -> None:
     np.testing.assert_allclose(part[1], full[1], atol=1e-7)
 
 
+@pytest.mark.parametrize(("b", "c", "l_len"), [(0, 3, 5), (2, 0, 5), (2, 3, 0)])
+def test_empty_batches_score_to_empty_or_history_free_results(b: int, c: int, l_len: int) -> None:
+    # No request, no candidate, or no history anywhere: a result of the right shape, no error.
+    net = _trained_like_din()
+    scorer = DinScorer(net)
+    g = torch.Generator().manual_seed(3)
+    hist, cands = torch.randn(b, l_len, D, generator=g), torch.randn(b, c, D, generator=g)
+    mask = torch.ones(b, l_len, dtype=torch.bool)
+    got = scorer.score(hist, mask, cands, torch.ones(b, c, dtype=torch.bool))
+    assert got.shape == (b, c) and got.dtype == np.float32
+    if b and c:  # an empty history: scored on the candidate alone, like the forward
+        np.testing.assert_allclose(got, _straightforward(net, hist, mask, cands), atol=1e-6)
+
+
 def test_scorer_rejects_wrong_dims() -> None:
     scorer = DinScorer(_trained_like_din())
     with pytest.raises(ValueError, match="expected hist"):

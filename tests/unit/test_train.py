@@ -96,3 +96,26 @@ def test_profile_training_exports_a_model_that_needs_profile_codes(tmp_path: Pat
         table, np.ones((1, 6), bool), table, np.ones((1, 6), bool), profile=[[0, 0, 0]]
     )
     assert scores.shape == (1, 6) and np.isfinite(scores).all()
+
+
+def test_train_refuses_an_unknown_encoding_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from streamrank.cli import main
+
+    # Checked when the arguments are parsed, not after minutes of training at export time.
+    with pytest.raises(SystemExit) as info:
+        main(
+            [
+                "train",
+                "--data",
+                str(tmp_path / "none"),
+                "--out",
+                str(tmp_path),
+                "--encoding",
+                "int4",
+            ]
+        )
+    assert info.value.code == 2
+    assert "invalid choice: 'int4'" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
