@@ -171,7 +171,12 @@ class Settings(BaseSettings):
         Path("artifacts"), description="Where `streamrank train` writes versions."
     )
     scoring_batch_max: int = Field(32, ge=1, description="Max requests per micro-batch.")
-    scoring_batch_wait_ms: float = Field(2.0, ge=0, description="Max wait to fill a micro-batch.")
+    scoring_batch_wait_ms: float = Field(
+        0.0,
+        ge=0,
+        description="Max wait to fill a micro-batch once a request is in (0: take what has "
+        "arrived; at saturation batches fill anyway).",
+    )
     scoring_budget_ms: int = Field(
         50, ge=1, description="Default deadline when a request has none."
     )
