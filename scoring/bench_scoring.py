@@ -34,7 +34,6 @@ from typing import Any
 
 import numpy as np
 import redis.asyncio as aioredis
-from pydantic import SecretStr
 from tqdm import tqdm
 
 from scoring.batch import assemble, gather
@@ -91,27 +90,13 @@ def _quick(args: argparse.Namespace) -> None:
 @contextlib.contextmanager
 def bench_stack(settings: Settings) -> Iterator[tuple[Settings, str]]:
     """The configured stack when it answers, else a private embedded one (stopped at exit)."""
-    from streamrank.stack import EmbeddedStack, free_port, kafka_answers, redis_answers
+    from streamrank.pipeline import stack_or_private
 
-    if kafka_answers(settings.kafka_bootstrap) and redis_answers(settings.redis_dsn):
-        yield settings, "configured"
-        return
-    with tempfile.TemporaryDirectory(prefix="streamrank-bench-") as tmp:
-        stack = EmbeddedStack(run_dir=Path(tmp), kafka_port=free_port(), redis_port=free_port())
-        logger.info("configured stack does not answer; starting a private one in %s", tmp)
-        stack.up(timeout_s=60)
-        try:
-            yield (
-                settings.model_copy(
-                    update={
-                        "kafka_bootstrap": stack.bootstrap,
-                        "redis_url": SecretStr(stack.redis_url),
-                    }
-                ),
-                "private",
-            )
-        finally:
-            stack.down()
+    with (
+        tempfile.TemporaryDirectory(prefix="streamrank-bench-") as tmp,
+        stack_or_private(settings, run_dir=Path(tmp), say=logger.info) as (use, stack),
+    ):
+        yield use, "configured" if stack is None else "private"
 
 
 # --- setup ------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import tempfile
 import time
@@ -29,12 +30,13 @@ import numpy as np
 import orjson
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from pydantic import SecretStr
 from tqdm import tqdm
 
 from schemas import Limits, decode_click
 from streamrank import keys
 from streamrank.settings import Settings
+
+logger = logging.getLogger(__name__)
 
 CATEGORIES = ("action", "comedy", "drama", "horror", "romance", "sci-fi", "thriller")
 
@@ -376,26 +378,14 @@ async def _bench(settings: Settings, args: argparse.Namespace, work_dir: Path) -
 
 def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     """Run the benchmark; start a private embedded stack when the configured one is down."""
-    from streamrank.stack import EmbeddedStack, free_port, kafka_answers, redis_answers
+    from streamrank.pipeline import stack_or_private
 
-    work_dir = Path(tempfile.mkdtemp(prefix="streamrank-bench-streams-"))
-    stack = None
-    if not (kafka_answers(settings.kafka_bootstrap) and redis_answers(settings.redis_dsn)):
-        stack = EmbeddedStack(
-            run_dir=work_dir / "stack", kafka_port=free_port(), redis_port=free_port()
-        )
-        stack.up(timeout_s=60)
-        settings = settings.model_copy(
-            update={
-                "kafka_bootstrap": stack.bootstrap,
-                "redis_url": SecretStr(stack.redis_url),
-                "run_dir": work_dir,
-            }
-        )
-    try:
-        result = asyncio.run(_bench(settings, args, work_dir))
-    finally:
-        if stack is not None:
-            stack.down()
+    with (
+        tempfile.TemporaryDirectory(
+            prefix="streamrank-bench-streams-", ignore_cleanup_errors=True
+        ) as tmp,
+        stack_or_private(settings, run_dir=Path(tmp), say=logger.info) as (settings, stack),
+    ):
+        result = asyncio.run(_bench(settings, args, Path(tmp)))
     result["private_stack"] = stack is not None
     return result
