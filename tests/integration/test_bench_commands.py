@@ -1,0 +1,51 @@
+"""`streamrank bench streams` and `bench scoring` run end to end on a small scale and report
+every figure they promise (the figures themselves are measured by the full-size commands and
+kept in docs/benchmarks.md; no timing is asserted here)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import orjson
+
+from tests.conftest import StackInfo
+
+
+def bench(*args: str) -> dict[str, object]:
+    result = subprocess.run(
+        [sys.executable, "-m", "streamrank.cli", "bench", *args, "--json"],
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    parsed: dict[str, object] = orjson.loads(result.stdout)
+    return parsed
+
+
+def test_bench_streams_small(stack: StackInfo) -> None:
+    out = bench(
+        "streams", "--events", "3000", "--users", "300", "--rate", "1000", "--latency-seconds", "2"
+    )
+    assert out["events"] == 3000 and out["private_stack"] is False
+    for key in ("events_per_s", "raw_consume_per_s", "latency_p50_ms", "latency_p99_ms"):
+        assert isinstance(out[key], float) and out[key] > 0, key
+    assert out["latency_probes"] == 2 * 1000 // 25
+
+
+def test_bench_scoring_quick(stack: StackInfo) -> None:
+    out = bench("scoring", "--quick", "--rates", "50", "--modes", "per_request")
+    assert out["config"]["stack"] == "configured"  # type: ignore[index]
+    for key in ("max_rps", "naive_max_rps", "forward_only_rps"):
+        assert isinstance(out[key], float) and out[key] > 0, key
+    latency = out["latency"]["50"]  # type: ignore[index]
+    assert latency["answered"] == latency["sent"] and latency["degraded"] == 0
+    assert set(out["goals"]) == {  # type: ignore[arg-type]
+        "max_rps >= 400",
+        "p99 <= 25 ms at 200 req/s",
+        "max_rps >= 3x naive",
+    }
