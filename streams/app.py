@@ -155,12 +155,15 @@ def _credentials(settings: Any) -> Any:
 def create_app(settings: Any, *, handler: BatchHandler) -> FeaturesApp:
     """The features app; ``handler`` applies one batch and returns once it is durable."""
     brokers = [f"kafka://{host.strip()}" for host in settings.kafka_bootstrap.split(",")]
+    datadir = Path(settings.run_dir) / "faust"
+    # Faust needs its data directory to exist (a fresh checkout has no run dir yet).
+    datadir.mkdir(parents=True, exist_ok=True)
     app = FeaturesApp(
         settings.features_app_id,
         broker=brokers,
         broker_credentials=_credentials(settings),
         autodiscover=False,
-        datadir=str(Path(settings.run_dir) / "faust"),
+        datadir=str(datadir),
         key_serializer="raw",
         value_serializer="raw",
         web_enabled=False,
