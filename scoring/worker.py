@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
-from aiokafka.errors import CommitFailedError, KafkaError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from prometheus_client import CollectorRegistry
 
 from schemas import DeadLetter, Limits, RankResult, decode_request, peek_request_id
@@ -352,7 +352,13 @@ class ScoringWorker:
                 len(outgoing),
                 exc,
             )
-            for tp, offset in _first_offsets(records).items():
+            first = _first_offsets(records)
+            positions: dict[TopicPartition, int] = {}
+            for tp in first:
+                # revoked: its new owner resumes from the last commit, before these records
+                with contextlib.suppress(IllegalStateError):
+                    positions[tp] = await self._consumer.position(tp)
+            for tp, offset in rewind_targets(first, positions).items():
                 self._consumer.seek(tp, offset)
             await asyncio.sleep(0.5)
             return False
@@ -379,6 +385,17 @@ class ScoringWorker:
             # The replies are out; a rebalance means another member may answer these again,
             # which clients tolerate (duplicates are dropped).
             logger.warning("offset commit failed (%s); some requests may be answered twice", exc)
+
+
+def rewind_targets(
+    first: dict[TopicPartition, int], positions: dict[TopicPartition, int]
+) -> dict[TopicPartition, int]:
+    """Where a failed batch seeks back to: its first offsets on the partitions still assigned
+    (those in ``positions``), but never forward: when the batch before failed too, it already
+    rewound further back, and seeking past that would skip its records for good."""
+    return {
+        tp: offset for tp, offset in first.items() if tp in positions and positions[tp] > offset
+    }
 
 
 def _first_offsets(records: Sequence[ConsumerRecord[Any, Any]]) -> dict[TopicPartition, int]:
