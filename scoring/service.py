@@ -191,8 +191,15 @@ class RankService:
         except REDIS_FAILURES as exc:
             return await self._redis_failed(batch, exc, start)
         except StreamrankError as exc:
+            self._breaker.record_success()  # Redis answered: ends a half-open probe
             logger.error("model version unusable (%s); serving popularity fallback", exc)
             return await self._fallback(batch, replies.MODEL_UNAVAILABLE, start)
+        except Exception:
+            self._breaker.record_success()  # Redis answered: ends a half-open probe
+            logger.exception(
+                "scoring a batch of %d failed; serving popularity fallback", len(batch)
+            )
+            return await self._fallback(batch, replies.INTERNAL_ERROR, start)
         self._breaker.record_success()
         stages = {
             "sequence_fetch": t_seq * 1000,

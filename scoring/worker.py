@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
-from aiokafka.errors import CommitFailedError, KafkaError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from prometheus_client import CollectorRegistry
 
 from schemas import DeadLetter, Limits, RankResult, decode_request, peek_request_id
@@ -100,6 +100,7 @@ class ScoringWorker:
         self._answered: dict[TopicPartition, int] = {}  # next offset to commit, per partition
         self._last_commit = 0.0
         self.batches = 0
+        self._rewinds = 0  # how many times a failed batch rewound the consumer
 
     async def start(self) -> None:
         s = self.settings
@@ -225,10 +226,13 @@ class ScoringWorker:
                 if len(inflight) >= self.settings.scoring_pipeline_depth:
                     await asyncio.wait({inflight[0]})
                     continue
+                rewinds = self._rewinds
                 records = await self._next_batch()
                 if records:
                     previous = inflight[-1] if inflight else None
-                    inflight.append(asyncio.create_task(self.process(records, after=previous)))
+                    inflight.append(
+                        asyncio.create_task(self.process(records, after=previous, rewinds=rewinds))
+                    )
             while inflight:
                 await inflight.popleft()
             await self.commit_answered()
@@ -241,6 +245,7 @@ class ScoringWorker:
         records: Sequence[ConsumerRecord[Any, Any]],
         *,
         after: asyncio.Task[bool] | None = None,
+        rewinds: int | None = None,
     ) -> bool:
         """Answer one batch of records, then (once ``after``, the batch before, committed)
         commit their offsets. False when the batch was rewound to be answered again."""
@@ -248,6 +253,7 @@ class ScoringWorker:
             self.service is not None and self._producer is not None and self._consumer is not None
         )
         s = self.settings
+        fetched_at = self._rewinds if rewinds is None else rewinds
         received = now_ms()
         outgoing: list[_Outgoing] = []
         valid: list[Incoming] = []
@@ -292,9 +298,12 @@ class ScoringWorker:
                     )
                 )
         produced = await self._produce(outgoing, records)
-        if after is not None and not await after:
-            return False  # the batch before was rewound: these records come again too
-        if not produced:
+        if after is not None:
+            await after  # offsets are committed in order
+        if not produced or self._rewinds != fetched_at:
+            # Rewound since these were fetched: they come again. A batch fetched after the
+            # rewind commits normally (keying on the batch before's result stopped every
+            # later commit after one failed produce).
             return False
         acked = time.time() * 1000
         for incoming in valid:
@@ -352,7 +361,14 @@ class ScoringWorker:
                 len(outgoing),
                 exc,
             )
-            for tp, offset in _first_offsets(records).items():
+            self._rewinds += 1
+            first = _first_offsets(records)
+            positions: dict[TopicPartition, int] = {}
+            for tp in first:
+                # revoked: its new owner resumes from the last commit, before these records
+                with contextlib.suppress(IllegalStateError):
+                    positions[tp] = await self._consumer.position(tp)
+            for tp, offset in rewind_targets(first, positions).items():
                 self._consumer.seek(tp, offset)
             await asyncio.sleep(0.5)
             return False
@@ -379,6 +395,17 @@ class ScoringWorker:
             # The replies are out; a rebalance means another member may answer these again,
             # which clients tolerate (duplicates are dropped).
             logger.warning("offset commit failed (%s); some requests may be answered twice", exc)
+
+
+def rewind_targets(
+    first: dict[TopicPartition, int], positions: dict[TopicPartition, int]
+) -> dict[TopicPartition, int]:
+    """Where a failed batch seeks back to: its first offsets on the partitions still assigned
+    (those in ``positions``), but never forward: when the batch before failed too, it already
+    rewound further back, and seeking past that would skip its records for good."""
+    return {
+        tp: offset for tp, offset in first.items() if tp in positions and positions[tp] > offset
+    }
 
 
 def _first_offsets(records: Sequence[ConsumerRecord[Any, Any]]) -> dict[TopicPartition, int]:

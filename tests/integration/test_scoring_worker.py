@@ -293,3 +293,48 @@ async def test_served_log_record_rescored_offline_gives_the_logged_scores(
     for rec in records:
         again = await rescore(rec, scorer=scorer, embeddings=embeddings)
         assert np.allclose(again, rec["scores"], atol=1e-5)
+
+
+async def test_batch_fetched_after_a_rewind_commits_normally(
+    make_settings: Callable[..., Settings], unique: str, versions: tuple[str, str]
+) -> None:
+    """The batch before this one failed to produce and rewound the consumer *before* this one
+    was fetched: this batch's records do not come again, so it must answer and commit (it used
+    to return False because the batch before did, and so did every later batch: no commit
+    again while batches kept arriving)."""
+    settings = worker_settings(make_settings, unique)
+    await create_topics(settings)
+    from prometheus_client import CollectorRegistry
+
+    from schemas import RankRequest
+    from scoring.worker import ScoringWorker
+
+    producer = AIOKafkaProducer(**settings.kafka_client_kwargs())
+    await producer.start()
+    try:
+        for k in range(3):
+            request = RankRequest(f"r{k}-{unique}", f"u{k}", ("a", "b"))
+            await producer.send_and_wait(settings.topic_requests, request.to_json(), key=b"u")
+    finally:
+        await producer.stop()
+
+    async def rewound_earlier() -> bool:
+        return False
+
+    worker = ScoringWorker(settings=settings, registry=CollectorRegistry())
+    await worker.start()
+    try:
+        before = asyncio.create_task(rewound_earlier())
+        await before
+        records: list = []
+        deadline = time.monotonic() + 30
+        while len(records) < 3 and time.monotonic() < deadline:
+            records.extend(await worker._next_batch())
+        assert len(records) == 3
+        assert await worker.process(records, after=before, rewinds=worker._rewinds) is True
+        await worker.commit_answered()
+        assert await committed_total(settings) == 3
+        # a rewind after the fetch still holds the commit back (the records come again)
+        assert await worker.process(records, after=before, rewinds=worker._rewinds - 1) is False
+    finally:
+        await worker.stop()

@@ -19,6 +19,7 @@ from scoring.served_log import served_record
 from scoring.service import Incoming, RankService
 from scoring.versions import Serving
 from scoring.worker_metrics import ScoringMetrics
+from streamrank.errors import EmbeddingError
 
 DIM = 4
 
@@ -214,3 +215,51 @@ def test_served_record_shape_and_values() -> None:
         "scores": [0.25],
         "served_at": 99,
     }
+
+
+class BrokenEmbeddings(Embeddings):
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error: Exception | None = error
+
+    async def lookup(self, version: str, table: str, ids: Sequence[str]) -> np.ndarray:
+        if self.error is not None:
+            raise self.error
+        return await super().lookup(version, table, ids)
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (EmbeddingError("table missing"), replies.MODEL_UNAVAILABLE),
+        (RuntimeError("shape mismatch"), replies.INTERNAL_ERROR),
+    ],
+)
+async def test_model_failure_during_half_open_probe_does_not_wedge_the_breaker(
+    error: Exception, reason: str
+) -> None:
+    """A probe whose Redis calls succeed but whose model fails must end the probe (the breaker
+    used to stay half-open with the probe taken, refusing Redis forever); an unexpected error
+    gives a degraded reply instead of crashing the worker."""
+    features = Features(SEQ, {"a": 3.0})
+    embeddings = BrokenEmbeddings(error)
+    breaker = CircuitBreaker(failures=1, cooldown_s=0.0)
+    service = RankService(
+        features=features,
+        embeddings=embeddings,
+        serving=lambda: ONE,
+        breaker=breaker,
+        metrics=ScoringMetrics(),
+        sequence_length=3,
+    )
+    breaker.record_failure()  # open; cool-down 0 -> the next call is the half-open probe
+    out = await service.rank([incoming("r1", "u1", ["b", "a"])], deadlines=[FAR])
+    assert out[0].result.degraded and out[0].result.reason == reason
+    assert out[0].result.scores[1] > out[0].result.scores[0]  # popularity a > b
+    assert breaker.state is BreakerState.CLOSED
+    embeddings.error = None
+    out = await service.rank([incoming("r2", "u1", ["a", "b"])], deadlines=[FAR])
+    r = out[0].result
+    assert not r.degraded and r.reason is None and r.model_version == "v1"
+    hist = [e.item_id for e in SEQ["u1"]][-3:]
+    np.testing.assert_allclose(r.scores, expected(hist, ["a", "b"]), rtol=1e-5)
