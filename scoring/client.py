@@ -53,6 +53,7 @@ class RankClient:
         self._consumer: AIOKafkaConsumer | None = None
         self._pending: dict[str, asyncio.Future[RankResult]] = {}
         self._reader: asyncio.Task[None] | None = None
+        self._reader_error: KafkaUnavailable | None = None
         self.duplicates = 0  # replies for requests no longer waiting (answered twice, or timed out)
 
     async def start(self) -> None:
@@ -110,11 +111,26 @@ class RankClient:
 
     async def _read_replies(self) -> None:
         assert self._consumer is not None
-        while True:
-            batches = await self._consumer.getmany(timeout_ms=500)
-            for records in batches.values():
-                for record in records:
-                    self._deliver(record.value)
+        try:
+            while True:
+                batches = await self._consumer.getmany(timeout_ms=500)
+                for records in batches.values():
+                    for record in records:
+                        self._deliver(record.value)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # Without the reader no reply can arrive: say why now, to every waiting caller and
+            # to every later one, instead of letting them all run into RankTimeout.
+            logger.exception("the reply reader on %s stopped", self._reply_topic)
+            self._reader_error = KafkaUnavailable(
+                f"the RankClient's reply reader on {self._reply_topic!r} stopped: {exc!r}; "
+                "create a new client"
+            )
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(self._reader_error)
+            self._pending.clear()
 
     def _deliver(self, raw: bytes | None) -> None:
         try:
@@ -132,6 +148,8 @@ class RankClient:
         """Produce one request and return the future its reply will complete."""
         if self._producer is None:
             raise StreamrankError("RankClient is not started: use `async with RankClient(...)`")
+        if self._reader_error is not None:
+            raise self._reader_error
         future: asyncio.Future[RankResult] = asyncio.get_running_loop().create_future()
         self._pending[request.request_id] = future
         try:
@@ -141,6 +159,9 @@ class RankClient:
         except KafkaError as exc:
             self._pending.pop(request.request_id, None)
             raise KafkaUnavailable(f"could not send the rank request: {exc}") from exc
+        except BaseException:  # cancelled while sending: forget the request
+            self._pending.pop(request.request_id, None)
+            raise
         return future
 
     async def rank(

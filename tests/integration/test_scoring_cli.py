@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaProducer
 
 from schemas import RankResult
 from scoring.client import RankClient, RankTimeout
+from streamrank.errors import KafkaUnavailable
 from streamrank.settings import Settings
 from streamrank.stack import free_port
 from streamrank.topics import create_topics
@@ -125,3 +126,23 @@ async def test_client_times_out_clearly_and_ignores_duplicate_replies(
         assert got.request_id == f"live-{unique}" and got.scores == (0.7,)
         await wait_for(lambda: client.duplicates >= 3, timeout_s=5, what="3 dropped duplicates")
         assert client.duplicates == 3  # two late + one repeated live reply, all dropped
+
+
+async def test_client_whose_reply_reader_dies_fails_fast_instead_of_timing_out(
+    make_settings: Callable[..., Settings], unique: str
+) -> None:
+    settings = make_settings()
+    await create_topics(settings)
+    async with RankClient(settings=settings) as client:
+        waiting = asyncio.ensure_future(
+            client.rank("u1", ["a"], timeout=30, request_id=f"w-{unique}")
+        )
+        await asyncio.sleep(0.2)
+        assert client._consumer is not None
+        await client._consumer.stop()  # the reply consumer fails under the reader
+        started = time.monotonic()
+        with pytest.raises(KafkaUnavailable, match="reply reader"):
+            await waiting
+        with pytest.raises(KafkaUnavailable, match="reply reader"):
+            await client.rank("u2", ["b"], timeout=30)
+        assert time.monotonic() - started < 5
