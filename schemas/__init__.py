@@ -16,6 +16,7 @@ from schemas.messages import (
     decode_dead_letter,
     decode_request,
     decode_result,
+    peek_field,
     peek_request_id,
 )
 
@@ -46,5 +47,6 @@ __all__ = [
     "decode_request",
     "decode_result",
     "json_schema",
+    "peek_field",
     "peek_request_id",
 ]

@@ -295,16 +295,22 @@ def decode_request(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> RankReq
     )
 
 
-def peek_request_id(raw: bytes | str | None) -> str | None:
-    """Best-effort request_id of a message that failed validation, to send an error reply."""
+def peek_field(raw: bytes | str | None, name: str) -> str | None:
+    """Best-effort string field of a message that failed validation (e.g. to send an error
+    reply to its ``request_id`` on its ``reply_to``)."""
     if not raw:
         return None
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
-    value = obj.get("request_id") if isinstance(obj, dict) else None
+    value = obj.get(name) if isinstance(obj, dict) else None
     return value if isinstance(value, str) and value and not _CONTROL.search(value) else None
+
+
+def peek_request_id(raw: bytes | str | None) -> str | None:
+    """Best-effort request_id of a message that failed validation, to send an error reply."""
+    return peek_field(raw, "request_id")
 
 
 def decode_result(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> RankResult:

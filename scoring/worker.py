@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPa
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from prometheus_client import CollectorRegistry
 
-from schemas import DeadLetter, Limits, RankResult, decode_request, peek_request_id
+from schemas import DeadLetter, Limits, RankResult, decode_request, peek_field, peek_request_id
 from scoring import replies
 from scoring.breaker import CircuitBreaker
 from scoring.protocols import EmbeddingSource, FeatureSource
@@ -343,7 +343,13 @@ class ScoringWorker:
             result = replies.error_reply(
                 request_id, "", replies.INVALID_REQUEST, f"{exc.reason}: {exc}", now_ms=at
             )
-            out.append(self._reply(s.topic_results, result))
+            # The caller listens where it asked to be answered, when that topic is allowed.
+            topic = replies.reply_topic(
+                peek_field(record.value, "reply_to"),
+                default=s.topic_results,
+                allowed=s.reply_topics_allowed,
+            )
+            out.append(self._reply(topic or s.topic_results, result))
         return out
 
     async def _produce(

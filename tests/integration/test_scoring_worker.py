@@ -143,6 +143,10 @@ async def test_bad_requests_go_to_dead_letters_with_error_replies(
                 "reply_to": settings.topic_clicks,
             }
         ),
+        # invalid, but names an allowed reply topic: the error reply goes there
+        orjson.dumps(
+            {"request_id": "bad-routed", "user_id": "u", "items": [], "reply_to": allowed}
+        ),
     ]
     async with running_worker(settings), RankClient(settings=settings) as client:
         await client.rank("warm", ["a"], timeout=30)
@@ -161,9 +165,11 @@ async def test_bad_requests_go_to_dead_letters_with_error_replies(
         async with RankClient(settings=settings, reply_topic=allowed) as other:
             routed = await other.rank("u1", ["a"], timeout=10)
             assert not routed.degraded
-    letters = await read_topic(settings, settings.topic_dead_letters, want=5)
+    letters = await read_topic(settings, settings.topic_dead_letters, want=6)
     reasons = sorted(letter["error"].split(":", 1)[0] for letter in letters)
-    assert reasons == ["empty_items", "empty_items", "not_json", "too_long", "too_many_items"]
+    assert reasons == [
+        "empty_items", "empty_items", "empty_items", "not_json", "too_long", "too_many_items"
+    ]  # fmt: skip
     assert {letter["source_topic"] for letter in letters} == {settings.topic_requests}
     assert any(letter["payload"] == "{not json" for letter in letters)
     results = await read_topic(settings, settings.topic_results, want=20, timeout_s=3)
@@ -171,6 +177,10 @@ async def test_bad_requests_go_to_dead_letters_with_error_replies(
     assert set(errors) == {"bad-empty", "bad-many", "bad-long", "bad-reply"}
     assert errors.pop("bad-reply").startswith("reply_to_not_allowed")
     assert all(reason.startswith("invalid_request") for reason in errors.values())
+    routed_errors = await read_topic(settings, allowed, want=2, timeout_s=3)
+    assert [
+        r["reason"].split(":")[0] for r in routed_errors if r["request_id"] == "bad-routed"
+    ] == ["invalid_request"]
 
 
 async def test_redis_down_gives_degraded_replies_then_back_to_normal(
