@@ -128,6 +128,27 @@ class DeadLetter:
             text = base64.b64encode(raw).decode("ascii")
             return cls(source_topic, partition, offset, error, text, at, "base64")
 
+    @classmethod
+    def rejected(
+        cls,
+        raw: bytes | None,
+        exc: ContractError,
+        *,
+        source_topic: str,
+        partition: int,
+        offset: int,
+        at: int,
+    ) -> DeadLetter:
+        """The dead letter of a message that broke its contract; ``error`` = "reason: message"."""
+        return cls.wrap(
+            raw,
+            source_topic=source_topic,
+            partition=partition,
+            offset=offset,
+            error=f"{exc.reason}: {exc}",
+            at=at,
+        )
+
     def original_bytes(self) -> bytes:
         if self.payload_encoding == "base64":
             return base64.b64decode(self.payload)

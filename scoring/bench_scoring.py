@@ -159,25 +159,9 @@ async def write_sequences(
 
 
 def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
+    """The environment of a benchmark worker: every setting, no /metrics, quiet logs."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRANK_")}
-    env.update(
-        STREAMRANK_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
-        STREAMRANK_REDIS_URL=settings.redis_dsn,
-        STREAMRANK_TOPIC_REQUESTS=settings.topic_requests,
-        STREAMRANK_TOPIC_RESULTS=settings.topic_results,
-        STREAMRANK_TOPIC_DEAD_LETTERS=settings.topic_dead_letters,
-        STREAMRANK_SEQUENCE_LENGTH=str(settings.sequence_length),
-        STREAMRANK_SCORING_BATCH_MAX=str(settings.scoring_batch_max),
-        STREAMRANK_SCORING_BATCH_WAIT_MS=str(settings.scoring_batch_wait_ms),
-        STREAMRANK_SCORING_PIPELINE_DEPTH=str(settings.scoring_pipeline_depth),
-        STREAMRANK_SCORING_FETCH_WAIT_MS=str(settings.scoring_fetch_wait_ms),
-        STREAMRANK_TORCH_INTEROP_THREADS=str(settings.torch_interop_threads),
-        STREAMRANK_CACHE_POLICY=settings.cache_policy,
-        STREAMRANK_TORCH_THREADS=str(settings.torch_threads),
-        STREAMRANK_CACHE_BYTES=str(settings.cache_bytes),
-        STREAMRANK_METRICS_PORT="0",
-        STREAMRANK_LOG_LEVEL="WARNING",
-    )
+    env.update(settings.as_env(), STREAMRANK_METRICS_PORT="0", STREAMRANK_LOG_LEVEL="WARNING")
     env.update(extra)
     return env
 

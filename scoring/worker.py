@@ -329,12 +329,12 @@ class ScoringWorker:
         logger.info(
             "dead-lettering %s[%s]@%s: %s", record.topic, record.partition, record.offset, exc
         )
-        letter = DeadLetter.wrap(
+        letter = DeadLetter.rejected(
             record.value,
+            exc,
             source_topic=record.topic,
             partition=record.partition,
             offset=record.offset,
-            error=f"{exc.reason}: {exc}",
             at=at,
         )
         out = [_Outgoing(s.topic_dead_letters, record.key or b"", letter.to_json())]

@@ -20,7 +20,7 @@ from pydantic import SecretStr
 from streamrank.errors import StreamrankError
 from streamrank.settings import Settings
 from streamrank.stack import EmbeddedStack, free_port, kafka_answers, redis_answers
-from streams.launch import WorkerHandle, settings_env
+from streams.launch import WorkerHandle
 
 SCORING_READY = "scoring worker consuming"  # logged by ScoringWorker.start once it consumes
 FEATURES_READY = "Worker ready"  # logged by Faust once the features worker is assigned
@@ -72,7 +72,7 @@ def start_worker(
     """Start ``streamrank worker KIND`` (features or scoring) with every field of ``settings``
     handed over through the environment; its output goes to ``log_path``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRANK_")}
-    env.update(settings_env(settings))
+    env.update(settings.as_env())
     if settings.log_level.upper() not in ("DEBUG", "INFO"):
         env["STREAMRANK_LOG_LEVEL"] = "INFO"  # the ready markers are INFO lines
     env.update(extra_env or {})

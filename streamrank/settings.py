@@ -250,6 +250,19 @@ class Settings(BaseSettings):
     def all_topics(self) -> tuple[str, ...]:
         return (self.topic_clicks, self.topic_requests, self.topic_results, self.topic_dead_letters)
 
+    def as_env(self) -> dict[str, str]:
+        """``STREAMRANK_*`` variables that hand every field to a child process (workers)."""
+        env: dict[str, str] = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, SecretStr):
+                value = value.get_secret_value()
+            if isinstance(value, tuple):
+                value = ",".join(value)
+            if value is not None:
+                env[f"STREAMRANK_{name.upper()}"] = str(value)
+        return env
+
     def kafka_client_kwargs(self) -> dict[str, Any]:
         """Connection keyword arguments shared by every aiokafka client (TLS/SASL passed through)."""
         kwargs: dict[str, Any] = {

@@ -65,12 +65,12 @@ def classify(
             event = decode_click(record.value, limits)
             check_skew(event, now_ms, max_skew_s)
         except ContractError as exc:
-            letter = DeadLetter.wrap(
+            letter = DeadLetter.rejected(
                 record.value,
+                exc,
                 source_topic=record.topic,
                 partition=record.partition,
                 offset=record.offset,
-                error=f"{exc.reason}: {exc}",
                 at=now_ms,
             )
             out.dead.append((exc.reason, letter))

@@ -18,20 +18,6 @@ from streamrank.errors import StreamrankError
 from streamrank.settings import Settings
 
 
-def settings_env(settings: Settings) -> dict[str, str]:
-    """``STREAMRANK_*`` variables that hand every field of ``settings`` to a child process."""
-    env: dict[str, str] = {}
-    for name in type(settings).model_fields:
-        value = getattr(settings, name)
-        if hasattr(value, "get_secret_value"):
-            value = value.get_secret_value()
-        if isinstance(value, tuple):
-            value = ",".join(value)
-        if value is not None:
-            env[f"STREAMRANK_{name.upper()}"] = str(value)
-    return env
-
-
 @dataclass
 class WorkerHandle:
     """A running ``streamrank worker features`` child process."""
@@ -87,7 +73,7 @@ def start_features_worker(
     """Start ``streamrank worker features`` with ``settings`` (every field, through the
     environment); its output goes to ``log_path``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRANK_")}
-    env.update(settings_env(settings))
+    env.update(settings.as_env())
     env.update(extra_env or {})
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = log_path.open("ab")

@@ -16,7 +16,7 @@ from aiokafka import AIOKafkaConsumer
 
 from streamrank.settings import Settings
 from streamrank.stack import free_port
-from streams.launch import settings_env, start_features_worker
+from streams.launch import start_features_worker
 from streams.reader import FeatureReader
 from tests.integration.features_support import (
     click,
@@ -106,7 +106,7 @@ async def test_worker_applies_forwards_and_dead_letters(
                 subprocess.run,
                 [sys.executable, "-m", "streamrank.cli", "features", "--user", users[3], "--json"],
                 capture_output=True,
-                env={**os.environ, **settings_env(settings)},
+                env={**os.environ, **settings.as_env()},
                 check=True,
             )
             view = orjson.loads(shown.stdout)

@@ -4,7 +4,6 @@ from pathlib import Path
 import pytest
 
 from streamrank.settings import Settings
-from streams.launch import settings_env
 
 
 def test_settings_env_round_trips_every_field(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -16,7 +15,7 @@ def test_settings_env_round_trips_every_field(monkeypatch: pytest.MonkeyPatch) -
         run_dir=Path("/tmp/x"),
         redis_url="redis://h:1/2",
     )
-    env = settings_env(original)
+    env = original.as_env()
     assert env["STREAMRANK_FEATURES_PATH"] == "agent"
     assert env["STREAMRANK_REDIS_URL"] == "redis://h:1/2"
     for key in [k for k in os.environ if k.startswith("STREAMRANK_")]:
