@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import base64
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import orjson
 
@@ -97,9 +98,38 @@ class RankResult:
         return orjson.dumps(self)
 
 
+KafkaHeaders = Sequence[tuple[str, bytes | None]]  # record headers as Kafka clients give them
+
+
+def _text_or_base64(raw: bytes) -> tuple[str, Literal["utf-8", "base64"]]:
+    try:
+        return raw.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        return base64.b64encode(raw).decode("ascii"), "base64"
+
+
+def _encode_headers(headers: KafkaHeaders | None) -> tuple[dict[str, Any], ...]:
+    out: list[dict[str, Any]] = []
+    for key, value in headers or ():
+        if value is None:
+            out.append({"key": key, "value": None})
+            continue
+        text, encoding = _text_or_base64(bytes(value))
+        entry: dict[str, Any] = {"key": key, "value": text}
+        if encoding == "base64":
+            entry["encoding"] = "base64"
+        out.append(entry)
+    return tuple(out)
+
+
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    """A message that could not be processed, with why and where it came from."""
+    """A message that could not be processed, with why and where it came from.
+
+    ``headers`` are the original record's headers (a producer's trace ids survive), each
+    ``{"key", "value"}`` with the value as UTF-8 text, null, or base64 with ``"encoding":
+    "base64"``.
+    """
 
     source_topic: str
     partition: int
@@ -108,6 +138,7 @@ class DeadLetter:
     payload: str
     at: int  # epoch ms
     payload_encoding: Literal["utf-8", "base64"] = "utf-8"
+    headers: tuple[dict[str, Any], ...] = ()
 
     @classmethod
     def wrap(
@@ -119,14 +150,14 @@ class DeadLetter:
         offset: int,
         error: str,
         at: int,
+        headers: KafkaHeaders | None = None,
     ) -> DeadLetter:
-        """Keep the original bytes: as text when they are valid UTF-8, else base64."""
-        raw = raw or b""
-        try:
-            return cls(source_topic, partition, offset, error, raw.decode("utf-8"), at)
-        except UnicodeDecodeError:
-            text = base64.b64encode(raw).decode("ascii")
-            return cls(source_topic, partition, offset, error, text, at, "base64")
+        """Keep the original bytes (as text when they are valid UTF-8, else base64) and
+        headers."""
+        text, encoding = _text_or_base64(bytes(raw or b""))
+        return cls(
+            source_topic, partition, offset, error, text, at, encoding, _encode_headers(headers)
+        )
 
     @classmethod
     def rejected(
@@ -138,6 +169,7 @@ class DeadLetter:
         partition: int,
         offset: int,
         at: int,
+        headers: KafkaHeaders | None = None,
     ) -> DeadLetter:
         """The dead letter of a message that broke its contract; ``error`` = "reason: message"."""
         return cls.wrap(
@@ -147,12 +179,29 @@ class DeadLetter:
             offset=offset,
             error=f"{exc.reason}: {exc}",
             at=at,
+            headers=headers,
         )
+
+    @property
+    def reason(self) -> str:
+        """The machine-readable reason code (the part of ``error`` before the first colon)."""
+        return self.error.split(":", 1)[0]
 
     def original_bytes(self) -> bytes:
         if self.payload_encoding == "base64":
             return base64.b64decode(self.payload)
         return self.payload.encode("utf-8")
+
+    def original_headers(self) -> list[tuple[str, bytes | None]]:
+        """The original record's headers, as Kafka clients take them."""
+        out: list[tuple[str, bytes | None]] = []
+        for header in self.headers:
+            value = header["value"]
+            if value is not None:
+                binary = header.get("encoding") == "base64"
+                value = base64.b64decode(value) if binary else value.encode("utf-8")
+            out.append((header["key"], value))
+        return out
 
     def to_json(self) -> bytes:
         return orjson.dumps(self)
@@ -191,6 +240,10 @@ def _json_type(value: Any) -> str:
     if isinstance(value, list):
         return "array"
     return "object"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _id(obj: dict[str, Any], name: str, limits: Limits, *, required: bool = True) -> Any:
@@ -256,9 +309,15 @@ def decode_click(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> ClickEven
     if category is not None:
         category = _check_id(category, "category", limits)
     action = obj.get("action", "click")
+    if not isinstance(action, str):
+        raise ContractError(
+            f"field 'action' must be a string, one of {sorted(ACTIONS)}, got {_json_type(action)}",
+            field="action",
+            reason="bad_type",
+        )
     if action not in ACTIONS:
         raise ContractError(
-            f"field 'action' must be one of {sorted(ACTIONS)}, got {action!r}",
+            f"field 'action' must be one of {sorted(ACTIONS)}, got {action[:40]!r}",
             field="action",
             reason="bad_value",
         )
@@ -268,7 +327,7 @@ def decode_click(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> ClickEven
         item_id=_id(obj, "item_id", limits),
         ts=_int(obj, "ts", required=True),
         category=category,
-        action=action,
+        action=cast(Action, action),  # checked against ACTIONS above
     )
 
 
@@ -345,9 +404,7 @@ def decode_result(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> RankResu
         raise ContractError(
             "field 'items' must be an array of strings", field="items", reason="bad_type"
         )
-    if not isinstance(scores, list) or not all(
-        isinstance(s, int | float) and not isinstance(s, bool) for s in scores
-    ):
+    if not isinstance(scores, list) or not all(_is_number(s) for s in scores):
         raise ContractError(
             "field 'scores' must be an array of numbers", field="scores", reason="bad_type"
         )
@@ -361,15 +418,17 @@ def decode_result(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> RankResu
         raise ContractError(
             "field 'degraded' must be a boolean", field="degraded", reason="bad_type"
         )
-    reason = obj.get("reason")
+    if "reason" not in obj:
+        raise ContractError("field 'reason' is missing", field="reason", reason="missing_field")
+    reason = obj["reason"]
     if reason is not None and not isinstance(reason, str):
         raise ContractError(
             "field 'reason' must be a string or null", field="reason", reason="bad_type"
         )
     timings = obj.get("timings_ms")
-    if not isinstance(timings, dict):
+    if not isinstance(timings, dict) or not all(_is_number(v) for v in timings.values()):
         raise ContractError(
-            "field 'timings_ms' must be an object", field="timings_ms", reason="bad_type"
+            "field 'timings_ms' must be an object of numbers", field="timings_ms", reason="bad_type"
         )
     return RankResult(
         request_id=obj["request_id"],
@@ -382,6 +441,22 @@ def decode_result(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> RankResu
         timings_ms=timings,
         served_at=_int(obj, "served_at", required=True),
     )
+
+
+def _headers(value: Any) -> tuple[dict[str, Any], ...]:
+    problem = "field 'headers' must be an array of {key: string, value: string or null}"
+    if not isinstance(value, list):
+        raise ContractError(problem, field="headers", reason="bad_type")
+    for header in value:
+        if (
+            not isinstance(header, dict)
+            or not isinstance(header.get("key"), str)
+            or "value" not in header
+            or not (header["value"] is None or isinstance(header["value"], str))
+            or header.get("encoding", "utf-8") not in ("utf-8", "base64")
+        ):
+            raise ContractError(problem, field="headers", reason="bad_type")
+    return tuple(value)
 
 
 def decode_dead_letter(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> DeadLetter:
@@ -400,6 +475,7 @@ def decode_dead_letter(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> Dea
             reason="bad_value",
         )
     return DeadLetter(
+        headers=_headers(obj.get("headers", [])),
         source_topic=obj["source_topic"],
         partition=_int(obj, "partition", required=True),
         offset=_int(obj, "offset", required=True),

@@ -20,6 +20,7 @@ from aiokafka.errors import KafkaError
 
 from schemas import RankRequest, RankResult, decode_result
 from scoring.replies import is_error_reply
+from streamrank import kafka
 from streamrank.errors import ContractError, KafkaUnavailable, StreamrankError
 from streamrank.settings import Settings
 
@@ -58,9 +59,9 @@ class RankClient:
 
     async def start(self) -> None:
         s = self._settings
-        self._producer = AIOKafkaProducer(**s.kafka_client_kwargs(), acks="all", linger_ms=0)
-        self._consumer = AIOKafkaConsumer(
-            **s.kafka_client_kwargs(),
+        self._producer = kafka.producer(s, acks="all", linger_ms=0)
+        self._consumer = kafka.consumer(
+            s,
             enable_auto_commit=False,
             fetch_max_wait_ms=s.scoring_fetch_wait_ms,
         )

@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import TopicPartition
 
+from streamrank import kafka
 from streamrank.settings import Settings
 
 
@@ -97,9 +98,9 @@ class Driver:
         self._settings = settings
         self._requests_topic = requests_topic
         self._results_topic = results_topic
-        self._producer = AIOKafkaProducer(**settings.kafka_client_kwargs(), acks=1, linger_ms=0)
-        self._consumer = AIOKafkaConsumer(
-            **settings.kafka_client_kwargs(),
+        self._producer = kafka.producer(settings, acks=1, linger_ms=0)
+        self._consumer = kafka.consumer(
+            settings,
             enable_auto_commit=False,
             fetch_max_wait_ms=settings.scoring_fetch_wait_ms,
         )

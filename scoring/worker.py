@@ -24,14 +24,24 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPa
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from prometheus_client import CollectorRegistry
 
-from schemas import DeadLetter, Limits, RankResult, decode_request, peek_field, peek_request_id
+from schemas import (
+    DeadLetter,
+    Limits,
+    RankRequest,
+    RankResult,
+    decode_request,
+    peek_field,
+    peek_request_id,
+)
 from scoring import replies
 from scoring.breaker import CircuitBreaker
 from scoring.protocols import EmbeddingSource, FeatureSource
 from scoring.service import Incoming, Ranked, RankService, now_ms
 from scoring.versions import Loader, RecentIds, VersionWatcher
 from scoring.worker_metrics import ScoringMetrics
-from streamrank.errors import ContractError, KafkaUnavailable
+from streamrank import kafka
+from streamrank.errors import UNDECODABLE_BATCH, ContractError, KafkaUnavailable, internal_error
+from streamrank.kafka_guard import UndecodableBatch
 from streamrank.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -138,10 +148,10 @@ class ScoringWorker:
         except Exception as exc:  # Redis down at start: serve degraded until it answers
             logger.warning("could not read the model pointer at start (%s); will retry", exc)
         self.watcher.start()
-        self._producer = AIOKafkaProducer(**s.kafka_client_kwargs(), acks="all", linger_ms=1)
-        self._consumer = AIOKafkaConsumer(
+        self._producer = kafka.producer(s, acks="all", linger_ms=1)
+        self._consumer = kafka.consumer(
+            s,
             s.topic_requests,
-            **s.kafka_client_kwargs(),
             group_id=self._group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
@@ -157,9 +167,12 @@ class ScoringWorker:
                 f"cannot reach Kafka at {s.kafka_bootstrap}: {exc}; is the stack up?"
             ) from exc
         logger.info(
-            "scoring worker consuming %s as group %s; serving %s",
+            "scoring worker consuming %s as group %s (isolation_level %s, replies compressed "
+            "with %s); serving %s",
             s.topic_requests,
             self._group_id,
+            self._consumer._isolation_level,
+            s.kafka_compression,
             self.watcher.describe(),
         )
 
@@ -261,31 +274,33 @@ class ScoringWorker:
         deadlines: list[int] = []
         for record in records:
             try:
-                request = decode_request(record.value, self._limits)
-            except ContractError as exc:
-                outgoing.extend(self._reject(record, exc, received))
-                continue
-            topic = replies.reply_topic(
-                request.reply_to, default=s.topic_results, allowed=s.reply_topics_allowed
-            )
-            if topic is None:
-                detail = f"reply_to {request.reply_to!r} is not in reply_topics_allowed"
-                result = replies.error_reply(
-                    request.request_id,
-                    request.user_id,
-                    replies.REPLY_TO_NOT_ALLOWED,
-                    detail,
-                    now_ms=received,
+                request = self._decode(record)
+                topic = replies.reply_topic(
+                    request.reply_to, default=s.topic_results, allowed=s.reply_topics_allowed
                 )
-                outgoing.append(self._reply(s.topic_results, result))
+                if topic is None:
+                    detail = f"reply_to {request.reply_to!r} is not in reply_topics_allowed"
+                    result = replies.error_reply(
+                        request.request_id,
+                        request.user_id,
+                        replies.REPLY_TO_NOT_ALLOWED,
+                        detail,
+                        now_ms=received,
+                    )
+                    outgoing.append(self._reply(s.topic_results, result))
+                    continue
+                deadline = replies.deadline_ms(
+                    request, produced_ms=int(record.timestamp), budget_ms=s.scoring_budget_ms
+                )
+            except Exception as exc:
+                # A contract breach, or a bug of ours on input nobody foresaw: only this record
+                # is dead-lettered (and answered with an error when its request_id is readable).
+                error = exc if isinstance(exc, ContractError) else internal_error(exc)
+                outgoing.extend(self._reject(record, error, received))
                 continue
             valid.append(Incoming(request, int(record.timestamp), received))
             topics.append(topic)
-            deadlines.append(
-                replies.deadline_ms(
-                    request, produced_ms=int(record.timestamp), budget_ms=s.scoring_budget_ms
-                )
-            )
+            deadlines.append(deadline)
         ranked: list[Ranked] = await self.service.rank(valid, deadlines=deadlines) if valid else []
         for topic, item in zip(topics, ranked, strict=True):
             outgoing.append(self._reply(topic, item.result))
@@ -313,6 +328,15 @@ class ScoringWorker:
         self.batches += 1
         return True
 
+    def _decode(self, record: ConsumerRecord[Any, Any]) -> RankRequest:
+        if isinstance(record.value, UndecodableBatch):
+            marker = record.value
+            self.metrics.skipped_requests.inc(marker.last_offset - marker.first_offset + 1)
+            raise ContractError(
+                marker.describe(record.topic, record.partition), reason=UNDECODABLE_BATCH
+            )
+        return decode_request(record.value, self._limits)
+
     def _reply(self, topic: str, result: RankResult) -> _Outgoing:
         error = replies.is_error_reply(result)
         self.metrics.observe_reply(degraded=result.degraded, reason=result.reason, error=error)
@@ -336,8 +360,11 @@ class ScoringWorker:
             partition=record.partition,
             offset=record.offset,
             at=at,
+            headers=record.headers,
         )
         out = [_Outgoing(s.topic_dead_letters, record.key or b"", letter.to_json())]
+        if exc.reason == UNDECODABLE_BATCH:
+            return out  # no request in it can be read, so no one to answer
         request_id = peek_request_id(record.value)
         if request_id is not None:
             result = replies.error_reply(

@@ -67,6 +67,12 @@ class ScoringMetrics:
             ["reason"],
             registry=r,
         )
+        self.skipped_requests = Counter(
+            "streamrank_scoring_skipped_requests",
+            "Offsets of request batches that could not be decoded and were skipped (each such "
+            "batch is one dead letter with reason undecodable_batch naming the offsets).",
+            registry=r,
+        )
         self.model_active = Gauge(
             "streamrank_scoring_model_traffic_share",
             "Share of traffic each serving model version receives (1 = the only active one).",

@@ -21,6 +21,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     ),
     "scoring": ("scoring.bench_scoring", "end-to-end ranking throughput and latency"),
     "model": ("scoring.bench_model", "DIN forward throughput: straightforward vs serving split"),
+    "codecs": ("streamrank.bench_codecs", "bytes and CPU of each producer compression codec"),
 }
 
 

@@ -20,7 +20,7 @@ import orjson
 import redis.exceptions
 
 from streamrank import __version__
-from streamrank.errors import StreamrankError
+from streamrank.errors import StreamrankError, one_line
 from streamrank.settings import Settings
 
 logger = logging.getLogger("streamrank")
@@ -151,6 +151,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("streamrank: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        # A bug of ours: the traceback for whoever fixes it, then one line saying why.
+        logger.error("%s failed", args.command, exc_info=True)
+        print(f"streamrank: {args.command} stopped: {one_line(exc)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from schemas import ClickEvent
+from streamrank import kafka
 from streamrank.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -263,7 +264,7 @@ async def run_demo(
             model.dataset, horizon=max(1000, int(rate * 30)), max_events=settings.sequence_length
         )
         say(f"producing {rate:.0f} clicks/s; watching user {user}; press Ctrl-C to stop")
-        producer = AIOKafkaProducer(**settings.kafka_client_kwargs(), acks="all", linger_ms=5)
+        producer = kafka.producer(settings, acks="all", linger_ms=5)
         await producer.start()
         clicks = dataset_clicks(model.dataset, run=f"demo-{uuid.uuid4().hex[:6]}")
         async with RankClient(settings=settings) as client:

@@ -35,6 +35,22 @@ class ContractError(StreamrankError):
         self.reason = reason
 
 
+INTERNAL_ERROR = "internal_error"  # dead-letter reason: an unexpected exception on one record
+UNDECODABLE_BATCH = "undecodable_batch"  # dead-letter reason: a record batch was skipped
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's one-line summary: its type and the first line of its message."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def internal_error(exc: BaseException) -> ContractError:
+    """An unexpected exception on one record, as the error that dead-letters that record (and
+    only it): reason ``internal_error``, message the exception's one-line summary."""
+    return ContractError(one_line(exc), reason=INTERNAL_ERROR)
+
+
 class DependencyUnavailable(StreamrankError):
     """Kafka or Redis did not answer in time; the same call may succeed later."""
 

@@ -34,6 +34,7 @@ import orjson
 from tqdm import tqdm
 
 from schemas import ClickEvent
+from streamrank import kafka
 from streamrank.errors import StreamrankError
 from streamrank.settings import Settings
 
@@ -192,9 +193,7 @@ def _say(message: str) -> None:
 
 
 async def _produce(settings: Settings, events: Sequence[ClickEvent], *, progress: bool) -> None:
-    from aiokafka import AIOKafkaProducer
-
-    producer = AIOKafkaProducer(**settings.kafka_client_kwargs(), acks="all", linger_ms=5)
+    producer = kafka.producer(settings, acks="all", linger_ms=5)
     await producer.start()
     try:
         with tqdm(total=len(events), desc="produce clicks", unit="ev", disable=not progress) as bar:

@@ -18,6 +18,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+Compression = Literal["none", "gzip", "snappy", "lz4", "zstd"]
+IsolationLevel = Literal["read_committed", "read_uncommitted"]
 
 
 def _default_data_dir() -> Path:
@@ -50,6 +52,17 @@ class Settings(BaseSettings):
     kafka_ssl_cafile: Path | None = Field(None, description="CA bundle for Kafka TLS.")
     kafka_ssl_certfile: Path | None = Field(None, description="Client certificate for Kafka mTLS.")
     kafka_ssl_keyfile: Path | None = Field(None, description="Client key for Kafka mTLS.")
+    kafka_compression: Compression = Field(
+        "none",
+        description="compression.type of every producer of ours (replies, dead letters, "
+        "forwarded clicks, served log): none, gzip, snappy, lz4 or zstd. Consumers read all of "
+        "them whatever this says.",
+    )
+    kafka_isolation_level: IsolationLevel = Field(
+        "read_committed",
+        description="isolation.level of every consumer of ours: read_committed never turns an "
+        "aborted transaction into features or replies.",
+    )
     redis_url: SecretStr = Field(
         SecretStr(""),
         description="Redis URL (rediss:// for TLS; may carry a password, so kept secret); "

@@ -150,11 +150,18 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
+def _cmdline(pid: int, *, settle_s: float = 1.0) -> str:
+    """The command line of ``pid``. It reads empty while the process is between fork and exec
+    (a child we have just started) or once it has exited: read again for up to ``settle_s``."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        try:
+            text = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            return ""
+        if text or time.monotonic() > deadline or not _pid_alive(pid):
+            return text
+        time.sleep(0.02)
 
 
 def kafka_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
@@ -225,11 +232,11 @@ class EmbeddedStack:
             logger.warning("removing unreadable pid file %s", pid_file)
             pid_file.unlink()
             return None
-        if not _pid_alive(pid):
+        cmdline = _cmdline(pid)
+        if not _pid_alive(pid):  # gone, or a zombie nobody reaped: not a foreign process
             logger.warning("removing stale pid file %s (pid %s is not running)", pid_file, pid)
             pid_file.unlink()
             return None
-        cmdline = _cmdline(pid)
         if Path(spec.binary).name.split("-")[0] not in cmdline:
             raise StackError(
                 f"{pid_file} names pid {pid}, which runs {cmdline!r}, not the embedded {spec.name}; "

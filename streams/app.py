@@ -29,6 +29,7 @@ from typing import Any
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
+from streamrank import kafka_guard
 from streams.batch import Record
 
 logger = logging.getLogger(__name__)
@@ -38,11 +39,18 @@ LagHandler = Callable[[str, int, int], None]  # (topic, partition, records behin
 
 
 class FeaturesConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
-    """Faust's consumer thread with a short broker fetch wait (Faust hard-codes 1500 ms)."""
+    """Faust's consumer thread with a short broker fetch wait (Faust hard-codes 1500 ms) and our
+    isolation level (Faust reads uncommitted unless the app itself is transactional)."""
 
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
         consumer._fetch_max_wait_ms = self.app.fetch_max_wait_ms  # type: ignore[attr-defined]
+        consumer._isolation_level = self.app.isolation_level  # type: ignore[attr-defined]
+        logger.info(
+            "features consumer: isolation_level %s, fetch_max_wait_ms %s",
+            consumer._isolation_level,
+            consumer._fetch_max_wait_ms,
+        )
         return consumer
 
 
@@ -97,10 +105,7 @@ class FeaturesConsumer(faust_aiokafka.Consumer):
                     if last is not None and message.offset > last + 1:
                         await self._add_gap(tp, last + 1, message.offset - 1)
                     read_offset[tp] = message.offset
-                records = [
-                    Record(m.topic, m.partition, m.offset, m.key, m.value, m.timestamp)
-                    for m in messages
-                ]
+                records = [_record(m) for m in messages]
                 inflight.append((asyncio.ensure_future(handler(records)), messages))
                 while inflight and (len(inflight) >= max_inflight or inflight[0][0].done()):
                     await finish_oldest()
@@ -121,6 +126,7 @@ class FeaturesApp(faust.App):
     on_lag: LagHandler | None = None
     use_batch_path: bool = True
     fetch_max_wait_ms: int = 10
+    isolation_level: str = "read_committed"
     max_inflight: int = 2
 
     def _new_transport(self) -> Any:
@@ -135,6 +141,7 @@ def _record(message: Any) -> Record:
         message.key,
         message.value,
         message.timestamp,
+        message.headers or (),
     )
 
 
@@ -190,6 +197,8 @@ def create_app(settings: Any, *, handler: BatchHandler) -> FeaturesApp:
     app.batch_handler = handler
     app.use_batch_path = settings.features_path == "batch"
     app.fetch_max_wait_ms = settings.features_fetch_max_wait_ms
+    app.isolation_level = settings.kafka_isolation_level
+    kafka_guard.install()  # an undecodable batch becomes one dead letter, not a crash
     app.max_inflight = settings.features_max_inflight_batches
     topic = app.topic(settings.topic_clicks, key_type=bytes, value_type=bytes, acks=True)
     if settings.features_path == "batch":

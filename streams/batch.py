@@ -15,8 +15,10 @@ from typing import NamedTuple
 import orjson
 
 from schemas import ClickEvent, DeadLetter, Limits, decode_click
+from schemas.messages import KafkaHeaders
 from streamrank import keys
-from streamrank.errors import ContractError
+from streamrank.errors import UNDECODABLE_BATCH, ContractError, internal_error
+from streamrank.kafka_guard import UndecodableBatch
 from streams.windows import Window, bucket_expire_at_ms, bucket_start
 
 
@@ -29,6 +31,7 @@ class Record(NamedTuple):
     key: bytes | None
     value: bytes | None
     timestamp_s: float | None = None  # the record's broker/producer timestamp
+    headers: KafkaHeaders = ()  # accepted and ignored; copied into dead letters
 
 
 @dataclass(slots=True)
@@ -38,6 +41,8 @@ class Classified:
     apply: list[ClickEvent] = field(default_factory=list)
     forward: list[ClickEvent] = field(default_factory=list)
     forward_raw: list[bytes] = field(default_factory=list)
+    forward_headers: list[KafkaHeaders] = field(default_factory=list)
+    skipped: int = 0  # offsets of undecodable batches that were skipped (see kafka_guard)
     dead: list[tuple[str, DeadLetter]] = field(default_factory=list)  # (reason, letter)
     in_batch_duplicates: int = 0
 
@@ -60,24 +65,25 @@ def classify(
     seen: set[str] = set()
     for record in records:
         try:
+            if isinstance(record.value, UndecodableBatch):
+                out.skipped += record.value.last_offset - record.value.first_offset + 1
+                raise ContractError(
+                    record.value.describe(record.topic, record.partition),
+                    reason=UNDECODABLE_BATCH,
+                )
             if record.value is None:
                 raise ContractError("message has no value (null payload)", reason="empty")
             event = decode_click(record.value, limits)
             check_skew(event, now_ms, max_skew_s)
-        except ContractError as exc:
-            letter = DeadLetter.rejected(
-                record.value,
-                exc,
-                source_topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
-                at=now_ms,
-            )
-            out.dead.append((exc.reason, letter))
+        except Exception as exc:
+            # A contract breach, or a bug of ours on input nobody foresaw: either way only this
+            # record is dead-lettered, the rest of the batch goes on.
+            out.dead.append(dead_letter(record, exc, now_ms))
             continue
         if not record.key or record.key != event.user_id.encode():
             out.forward.append(event)
             out.forward_raw.append(record.value)
+            out.forward_headers.append(record.headers)
             continue
         if event.event_id in seen:
             out.in_batch_duplicates += 1
@@ -85,6 +91,23 @@ def classify(
         seen.add(event.event_id)
         out.apply.append(event)
     return out
+
+
+def dead_letter(record: Record, exc: BaseException, now_ms: int) -> tuple[str, DeadLetter]:
+    """(reason, dead letter) of a record that could not be applied: its contract reason, or
+    ``internal_error`` with the exception's one-line summary for anything unexpected."""
+    if not isinstance(exc, ContractError):
+        exc = internal_error(exc)
+    letter = DeadLetter.rejected(
+        record.value,
+        exc,
+        source_topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        at=now_ms,
+        headers=record.headers,
+    )
+    return exc.reason, letter
 
 
 @dataclass(frozen=True, slots=True)

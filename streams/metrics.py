@@ -36,6 +36,12 @@ class FeatureMetrics:
         self.dead_letters = Counter(
             f"{p}_dead_letters", "Clicks sent to the dead-letter topic.", ["reason"], registry=r
         )
+        self.skipped_records = Counter(
+            f"{p}_skipped_records",
+            "Offsets of record batches that could not be decoded and were skipped (each such "
+            "batch is one dead letter with reason undecodable_batch naming the offsets).",
+            registry=r,
+        )
         self.batch_size = Histogram(
             f"{p}_batch_size",
             "Records per processed batch.",

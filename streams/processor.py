@@ -25,8 +25,9 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from schemas import Limits
+from streamrank import kafka
 from streamrank.errors import DependencyUnavailable, KafkaUnavailable
-from streams.batch import Record, assemble, classify
+from streams.batch import Classified, Record, assemble, classify
 from streams.metrics import FeatureMetrics
 from streams.windows import windows_from_settings
 from streams.writer import BatchWriter
@@ -81,9 +82,7 @@ class FeatureProcessor:
 
     async def _ensure_producer(self) -> AIOKafkaProducer:
         if self._producer is None:
-            self._producer = AIOKafkaProducer(
-                **self._settings.kafka_client_kwargs(), acks="all", linger_ms=2
-            )
+            self._producer = kafka.producer(self._settings, acks="all", linger_ms=2)
         if not self._producer_started:
             try:
                 await self._producer.start()
@@ -129,7 +128,7 @@ class FeatureProcessor:
         if classified.dead or classified.forward:
             await self._retry(
                 "kafka",
-                lambda: self._produce(classified.dead, classified.forward, classified.forward_raw),
+                lambda: self._produce(classified),
             )
         m = self._metrics
         m.batch_size.observe(len(records))
@@ -140,6 +139,7 @@ class FeatureProcessor:
         m.events_too_old.inc(call.too_old_for_counters)
         for reason, _letter in classified.dead:
             m.dead_letters.labels(reason).inc()
+        m.skipped_records.inc(classified.skipped)
         if classified.apply:
             newest = max(event.ts for event in classified.apply)
             m.event_time_lag.set(max(0.0, time.time() - newest / 1000))
@@ -155,19 +155,28 @@ class FeatureProcessor:
         with self._metrics.redis_write_seconds.time():
             return await self._writer.apply(call)
 
-    async def _produce(
-        self, dead: Sequence[Any], forward: Sequence[Any], forward_raw: Sequence[bytes]
-    ) -> None:
+    async def _produce(self, classified: Classified) -> None:
+        """Dead letters, and the unkeyed clicks re-keyed by user_id (with their headers)."""
         settings = self._settings
         producer = await self._ensure_producer()
         try:
             futures = [
                 await producer.send(settings.topic_dead_letters, letter.to_json())
-                for _reason, letter in dead
+                for _reason, letter in classified.dead
             ]
             futures += [
-                await producer.send(settings.topic_clicks, raw, key=event.user_id.encode())
-                for event, raw in zip(forward, forward_raw, strict=True)
+                await producer.send(
+                    settings.topic_clicks,
+                    raw,
+                    key=event.user_id.encode(),
+                    headers=list(headers) or None,
+                )
+                for event, raw, headers in zip(
+                    classified.forward,
+                    classified.forward_raw,
+                    classified.forward_headers,
+                    strict=True,
+                )
             ]
             await asyncio.gather(*futures)
         except KafkaError as exc:

@@ -11,6 +11,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
+from streamrank.errors import one_line
 from streamrank.metrics_http import resolve_port, serve_metrics
 from streamrank.settings import Settings
 from streams.metrics import FeatureMetrics
@@ -55,7 +56,14 @@ def run_features_worker(settings: Settings, *, metrics_port: int | None = None) 
     worker = faust.Worker(
         app, loglevel=settings.log_level.lower(), quiet=True, redirect_stdouts=False
     )
-    worker.execute_from_commandline()  # exits the process (SystemExit) when stopped
+    try:
+        worker.execute_from_commandline()  # exits the process (SystemExit) when stopped
+    except SystemExit:
+        crash = worker.crash_reason or app.crash_reason
+        if crash is not None:
+            # Faust logged the traceback above; the last line says why, for people and probes.
+            logger.critical("features worker stopped: %s", one_line(crash))
+        raise
     return 0
 
 

@@ -94,6 +94,9 @@ CORPUS: list[tuple[str, Any, bool]] = [
     ("ClickEvent", with_(CLICK, category=3), False),
     ("ClickEvent", with_(CLICK, action="like"), False),
     ("ClickEvent", with_(CLICK, action=None), False),
+    ("ClickEvent", with_(CLICK, action={}), False),  # once a TypeError that crashed the worker
+    ("ClickEvent", with_(CLICK, action=["click"]), False),
+    ("ClickEvent", with_(CLICK, action=1), False),
     ("ClickEvent", [CLICK], False),
     ("ClickEvent", "click", False),
     ("ClickEvent", {"user_id": "ü-ñ", "event_id": "é", "item_id": "漢字", "ts": 0}, True),

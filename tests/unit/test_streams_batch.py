@@ -1,6 +1,9 @@
 import orjson
+import pytest
 
 from schemas import ClickEvent, Limits, decode_dead_letter
+from streamrank.kafka_guard import UndecodableBatch
+from streams import batch
 from streams.batch import Record, assemble, classify
 from streams.windows import Window
 
@@ -52,6 +55,47 @@ def test_classify_sorts_valid_forwarded_and_dead() -> None:
     assert letter.original_bytes() == b"not json"
     assert letter.error.startswith("not_json: ")
     assert decode_dead_letter(letter.to_json()).offset == 3
+
+
+def test_an_unexpected_exception_dead_letters_only_its_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = batch.decode_click
+
+    def flaky(raw: bytes, limits: Limits) -> ClickEvent:
+        if b"boom" in raw:
+            raise RuntimeError("decoder bug\nsecond line")
+        return real(raw, limits)
+
+    monkeypatch.setattr(batch, "decode_click", flaky)
+    headers = (("traceparent", b"00-abc-01"), ("bin", b"\xff"), ("none", None))
+    records = [
+        rec(click(), offset=0),
+        Record("clicks", 2, 1, b"u1", click(event_id="e2", item_id="boom"), None, headers),
+        rec(click(event_id="e3"), offset=2),
+    ]
+    out = classify(records, limits=Limits(), now_ms=NOW, max_skew_s=7 * 86400)
+    assert [e.event_id for e in out.apply] == ["e1", "e3"]
+    [(reason, letter)] = out.dead
+    assert reason == "internal_error"
+    assert letter.error == "internal_error: RuntimeError: decoder bug"
+    assert letter.offset == 1 and letter.original_bytes() == records[1].value
+    assert letter.original_headers() == list(headers)
+    assert decode_dead_letter(letter.to_json()) == letter
+
+
+def test_an_undecodable_batch_marker_becomes_one_dead_letter() -> None:
+    marker = UndecodableBatch(b"", first_offset=10, last_offset=14, error="BadGzipFile: x")
+    out = classify(
+        [rec(marker, offset=14), rec(click(), offset=15)],
+        limits=Limits(),
+        now_ms=NOW,
+        max_skew_s=7 * 86400,
+    )
+    assert [e.event_id for e in out.apply] == ["e1"]
+    [(reason, letter)] = out.dead
+    assert reason == "undecodable_batch" and out.skipped == 5
+    assert "clicks[2] offsets 10-14 skipped" in letter.error and "BadGzipFile" in letter.error
 
 
 def test_assemble_indexes_users_and_buckets_once() -> None:
