@@ -25,6 +25,7 @@ demo: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 typecheck: setup
 	$(BIN)/mypy
@@ -36,7 +37,7 @@ test: setup lint typecheck
 	$(BIN)/pytest -q
 
 docs: setup
-	$(BIN)/python -m streamrank.docs README.md
+	$(BIN)/python -m streamrank.cli.docs README.md
 
 stack-up: setup
 	$(BIN)/streamrank stack up

@@ -1,23 +1,27 @@
-"""Message contracts: Python types (``schemas.messages``) and JSON Schema files (``*.schema.json``)."""
+"""Message contracts: Python types (``schemas.messages``), their decoders (``schemas.decode``) and
+JSON Schema files (``*.schema.json``)."""
 
 from importlib.resources import files
 from typing import Any
 
 import orjson
 
-from schemas.messages import (
-    DEFAULT_LIMITS,
-    ClickEvent,
-    DeadLetter,
-    Limits,
-    RankRequest,
-    RankResult,
+from schemas.decode import (
     decode_click,
     decode_dead_letter,
     decode_request,
     decode_result,
     peek_field,
     peek_request_id,
+)
+from schemas.messages import (
+    DEFAULT_LIMITS,
+    ClickEvent,
+    DeadLetter,
+    KafkaHeaders,
+    Limits,
+    RankRequest,
+    RankResult,
 )
 
 SCHEMA_FILES = {
@@ -39,6 +43,7 @@ __all__ = [
     "SCHEMA_FILES",
     "ClickEvent",
     "DeadLetter",
+    "KafkaHeaders",
     "Limits",
     "RankRequest",
     "RankResult",

@@ -1,0 +1,1 @@
+"""The scoring half: embeddings, model, training and serving stages, and the RankClient."""

@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from schemas import RankRequest, RankResult, decode_result
-from scoring.replies import is_error_reply
+from scoring.serving.replies import is_error_reply
 from streamrank import kafka
 from streamrank.errors import ContractError, KafkaUnavailable, StreamrankError
 from streamrank.settings import Settings

@@ -13,12 +13,10 @@ Ctrl-C (SIGINT) or SIGTERM stops the workers, then the stack if the demo started
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
 import logging
-import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from schemas import ClickEvent
-from streamrank import kafka
+from streamrank import clock, kafka
 from streamrank.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -53,7 +51,7 @@ class DemoModel:
     """The artifact the demo serves and the dataset its clicks come from."""
 
     path: Path
-    dataset: Any  # scoring.data.Dataset
+    dataset: Any  # scoring.training.data.Dataset
     trained_now: bool
 
 
@@ -75,9 +73,9 @@ def _matching_artifact(root: Path, sha256: str) -> Path | None:
 
 def prepare_model(settings: Settings, *, synthetic: bool, progress: bool = True) -> DemoModel:
     """Reuse the newest artifact trained on the demo's data, or train one (with a bar)."""
-    from scoring.data import load_movielens
-    from scoring.synthetic import generate
-    from scoring.train import TrainConfig, export_artifact, train_and_evaluate
+    from scoring.training.data import load_movielens
+    from scoring.training.synthetic import generate
+    from scoring.training.train import TrainConfig, export_artifact, train_and_evaluate
 
     movielens = Path(settings.data_dir) / "ml-100k"
     if not synthetic and movielens.is_dir():
@@ -112,7 +110,7 @@ def prepare_model(settings: Settings, *, synthetic: bool, progress: bool = True)
 def dataset_clicks(ds: Any, *, run: str, now_ms: Any = None) -> Iterator[ClickEvent]:
     """The dataset's events in time order, forever (each pass gets new event ids), ts = now."""
     rows = np.lexsort((np.arange(ds.n_events), ds.ts))  # (ts, row) order
-    clock = now_ms or (lambda: int(time.time() * 1000))
+    tick = now_ms or clock.now_ms
     for lap in range(1_000_000):
         for r in rows.tolist():
             item = int(ds.item_index[r])
@@ -121,7 +119,7 @@ def dataset_clicks(ds: Any, *, run: str, now_ms: Any = None) -> Iterator[ClickEv
                 user_id=str(ds.user_ids[r]),
                 item_id=ds.items[item],
                 category=ds.item_category(item) or None,
-                ts=clock(),
+                ts=tick(),
             )
 
 
@@ -156,8 +154,8 @@ def pick_user_and_items(
 
 def _metrics_port(settings: Settings, kind: str) -> int:
     """The worker kind's default /metrics port when free (0 = off when taken or disabled)."""
+    from streamrank.devstack.stack import port_in_use
     from streamrank.metrics_http import DEFAULT_PORTS
-    from streamrank.stack import port_in_use
 
     if settings.metrics_port == 0:
         return 0
@@ -166,7 +164,7 @@ def _metrics_port(settings: Settings, kind: str) -> int:
 
 
 async def _show_features(settings: Settings, user: str) -> None:
-    from streams.worker import read_user_features
+    from streams.reader import read_user_features
 
     features = await read_user_features(settings, user)
     newest = [e["item_id"] for e in features["sequence"][-5:]]
@@ -215,16 +213,11 @@ async def run_demo(
     import redis.asyncio as aioredis
     from aiokafka import AIOKafkaProducer
 
-    from scoring.artifact import load_artifact
     from scoring.client import RankClient
-    from scoring.registry import activate_version
-    from streamrank.pipeline import (
-        FEATURES_READY,
-        SCORING_READY,
-        ensure_published,
-        start_worker,
-        wait_logged,
-    )
+    from scoring.model.artifact import load_artifact
+    from scoring.model.registry import activate_version
+    from streamrank.devstack.pipeline import ensure_published
+    from streamrank.devstack.processes import start_worker
     from streamrank.topics import create_topics
 
     topics = await create_topics(settings)
@@ -252,10 +245,8 @@ async def run_demo(
     try:
         say("waiting for the features and scoring workers ...")
         await asyncio.gather(
-            asyncio.to_thread(wait_logged, handles["features"], FEATURES_READY,
-                              what="features worker", timeout_s=180),
-            asyncio.to_thread(wait_logged, handles["scoring"], SCORING_READY,
-                              what="scoring worker", timeout_s=180),
+            asyncio.to_thread(handles["features"].wait_ready, 180),
+            asyncio.to_thread(handles["scoring"].wait_ready, 180),
         )  # fmt: skip
         for kind, handle in handles.items():
             metrics = f"http://127.0.0.1:{ports[kind]}/metrics" if ports[kind] else "off"
@@ -297,73 +288,3 @@ async def run_demo(
             + ", ".join(str(c) for c in codes)
             + ")"
         )
-
-
-@contextlib.contextmanager
-def _interruptible() -> Iterator[None]:
-    """SIGINT and SIGTERM raise KeyboardInterrupt while the (synchronous) training runs, so the
-    stack is still stopped: a background process inherits an ignored SIGINT, and SIGTERM would
-    end the process without running any ``finally``."""
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def _demo(args: argparse.Namespace, settings: Settings) -> int:
-    from streamrank.cli import run_until_signalled
-    from streamrank.cli_stack import stack_from
-
-    stack = stack_from(settings)
-    status = stack.status()
-    we_started = not (status["kafka"]["up"] and status["redis"]["up"])
-    if we_started:
-        say("starting the embedded stack ...")
-        stack.up(timeout_s=60)
-    else:
-        say("using the stack that is already up")
-    status = stack.status()
-    say(
-        f"kafka {status['kafka']['bootstrap']} up={status['kafka']['up']}; "
-        f"redis {status['redis']['url']} up={status['redis']['up']}"
-    )
-    try:
-        with _interruptible():
-            model = prepare_model(settings, synthetic=args.synthetic, progress=not args.no_progress)
-        run_until_signalled(
-            run_demo(
-                settings,
-                model,
-                duration_s=args.duration,
-                rate=args.rate,
-                every_s=args.every,
-                logs=Path(settings.run_dir).resolve() / "demo",
-            )
-        )
-        say("shutting down")
-    finally:
-        if we_started:
-            with contextlib.suppress(KeyboardInterrupt):
-                stopped = stack.down()
-                say("stopped " + ", ".join(stopped))
-    return 0
-
-
-def register(sub: Any) -> None:
-    demo = sub.add_parser("demo", help="run the whole pipeline on the embedded stack")
-    demo.add_argument(
-        "--duration", type=float, default=None, help="seconds to run (default: until Ctrl-C)"
-    )
-    demo.add_argument("--rate", type=float, default=200.0, help="clicks produced per second")
-    demo.add_argument("--every", type=float, default=3.0, help="seconds between printouts")
-    demo.add_argument(
-        "--synthetic", action="store_true", help="synthetic clicks even when MovieLens is there"
-    )
-    demo.add_argument("--no-progress", action="store_true", help="no training progress bar")
-    demo.set_defaults(func=_demo)

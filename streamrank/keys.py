@@ -31,7 +31,7 @@ key                             type    contents
                                         Written last: a table without it is not published.
 ``sr:emb:{version}:{table}:{bucket}``
                                 hash    encoded rows: field = raw id, value = encoded row bytes;
-                                        ``bucket`` (decimal) = scoring.bucketing.bucket_of(id,
+                                        ``bucket`` (decimal) = scoring.embeddings.bucketing.bucket_of(id,
                                         buckets): stable hash of the id modulo the bucket count,
                                         chosen so every bucket stays in Redis' compact
                                         ziplist/listpack encoding. Never expires: deleted with
@@ -54,6 +54,7 @@ from __future__ import annotations
 
 PREFIX = "sr"
 FIELD_SEP = "\x1f"
+ITEM_TABLE = "item"  # the embedding table a model version's item vectors are published as
 
 
 def sequence(user_id: str) -> str:

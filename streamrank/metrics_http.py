@@ -1,5 +1,5 @@
 """Serving a Prometheus registry at ``/metrics``; each worker kind builds its own metrics object
-(``streams.metrics``, ``scoring.metrics``) from an injected registry and hands it here."""
+(``streams.metrics``, ``scoring.training.evaluation``) from an injected registry and hands it here."""
 
 from __future__ import annotations
 

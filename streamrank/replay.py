@@ -17,7 +17,6 @@ static split (``canary_split``) instead of moving the shared ``sr:model:active``
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import sys
@@ -100,8 +99,8 @@ def offline_scores(
 ) -> npt.NDArray[np.float32]:
     """``[U, C]`` scores of the artifact's scorer with its item table (and OOV row) put through
     ``encoding`` and back: what a worker serving the published rows should answer."""
-    from scoring.batch import assemble, gather
-    from scoring.codec import roundtrip
+    from scoring.embeddings.codec import roundtrip
+    from scoring.serving.assemble import assemble, gather
 
     table = roundtrip(artifact.item_table, encoding)  # [rows, d]
     oov = roundtrip(artifact.oov_row[None, :], encoding)[0]  # [d]
@@ -128,7 +127,7 @@ def offline_scores(
 
 
 def quality(labels: npt.ArrayLike, scores: npt.ArrayLike) -> dict[str, float]:
-    from scoring.metrics import auc, gauc
+    from scoring.training.evaluation import auc, gauc
 
     return {"auc": round(auc(labels, scores), 6), "gauc": round(gauc(labels, scores), 6)}
 
@@ -188,7 +187,7 @@ def run_settings(settings: Settings, *, run: str, version: str, max_history: int
     )
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
     print(f"replay: {message}", file=sys.stderr, flush=True)
 
 
@@ -216,7 +215,7 @@ async def _wait_applied(
     *,
     timeout_s: float,
     progress: bool,
-    log_path: Path,
+    log_path: Path | None,
 ) -> None:
     """Poll the sequences (one round trip per poll) until every user holds exactly its events."""
     from streams.reader import FeatureReader
@@ -301,14 +300,9 @@ async def run_replay(
     shared ``sr:model:active`` pointer is left alone unless ``activate`` is set."""
     import redis.asyncio as aioredis
 
-    from scoring.registry import activate_version
-    from streamrank.pipeline import (
-        FEATURES_READY,
-        SCORING_READY,
-        ensure_published,
-        start_worker,
-        wait_logged,
-    )
+    from scoring.model.registry import activate_version
+    from streamrank.devstack.pipeline import ensure_published
+    from streamrank.devstack.processes import start_worker
     from streamrank.topics import create_topics
 
     started = time.perf_counter()
@@ -321,7 +315,7 @@ async def run_replay(
         version, enc = published["version"], published["encoding"]
         if activate:
             await activate_version(redis, version)
-        _say(f"version {version} ({enc}; published now: {published['published_now']}); run {run}")
+        say(f"version {version} ({enc}; published now: {published['published_now']}); run {run}")
         rs = run_settings(settings, run=run, version=version, max_history=max_history)
         await create_topics(rs)
 
@@ -335,12 +329,10 @@ async def run_replay(
         features = start_worker("features", rs, log_path=logs / "features-worker.log")
         scoring = start_worker("scoring", rs, log_path=logs / "scoring-worker.log")
         try:
-            _say(f"waiting for the workers (pids {features.pid}, {scoring.pid}; logs in {logs})")
+            say(f"waiting for the workers (pids {features.pid}, {scoring.pid}; logs in {logs})")
             await asyncio.gather(
-                asyncio.to_thread(wait_logged, features, FEATURES_READY,
-                                  what="features worker", timeout_s=180),
-                asyncio.to_thread(wait_logged, scoring, SCORING_READY,
-                                  what="scoring worker", timeout_s=180),
+                asyncio.to_thread(features.wait_ready, 180),
+                asyncio.to_thread(scoring.wait_ready, 180),
             )  # fmt: skip
             seconds["start_workers"] = time.perf_counter() - mark
 
@@ -415,7 +407,7 @@ async def run_replay(
 
 def newest_artifact(root: Path) -> Path:
     """The most recently written artifact under ``root`` that has test candidates."""
-    from scoring.artifact import CANDIDATES_FILE, CONFIG_FILE
+    from scoring.model.artifact import CANDIDATES_FILE, CONFIG_FILE
 
     found = [
         p for p in Path(root).glob(f"*/{CANDIDATES_FILE}") if (p.parent / CONFIG_FILE).is_file()
@@ -426,73 +418,3 @@ def newest_artifact(root: Path) -> Path:
             "`streamrank train --out DIR` and pass --artifact DIR/<version>"
         )
     return max(found, key=lambda p: p.stat().st_mtime).parent
-
-
-def _replay(args: argparse.Namespace, settings: Settings) -> int:
-    from scoring.artifact import CANDIDATES_FILE, load_artifact
-    from streamrank.cli import print_json, run_async
-    from streamrank.pipeline import stack_or_private
-
-    path = Path(args.artifact) if args.artifact else newest_artifact(settings.artifacts_dir)
-    artifact = load_artifact(path, artifacts_dir=settings.artifacts_dir)
-    if getattr(artifact.spec, "profile_sizes", ()):
-        raise StreamrankError(
-            f"{artifact.version} takes a user profile input, which the scoring worker does not "
-            "serve (requests carry no profile); replay a profile-free artifact (the default of "
-            "`streamrank train`)"
-        )
-    cases = load_cases(artifact.path / CANDIDATES_FILE, limit=args.users)
-    _say(f"artifact {artifact.path}: {len(cases)} test users")
-    run_dir = Path(settings.run_dir).resolve() / "replay"
-    with stack_or_private(settings, run_dir=run_dir, say=_say) as (stack_settings, _private):
-        report = run_async(
-            run_replay(
-                stack_settings,
-                artifact,
-                cases,
-                encoding=args.encoding,
-                concurrency=args.concurrency,
-                tolerance=args.tolerance,
-                apply_timeout_s=args.apply_timeout,
-                activate=args.activate,
-                progress=not args.no_progress,
-            )
-        )
-        report["stack"] = "private embedded" if _private is not None else "configured"
-    if args.json:
-        print_json(report)
-    else:
-        print(
-            f"version {report['version']} ({report['encoding']}): {report['answered']}/"
-            f"{report['requests']} answered, {report['degraded']} degraded; max |online - "
-            f"offline| {report['max_abs_diff']:.2e} (p99 {report['p99_abs_diff']:.2e}); "
-            f"auc offline {report['offline']['auc']} online {report['online']['auc']}, gauc "
-            f"offline {report['offline']['gauc']} online {report['online']['gauc']}; "
-            f"{'CONSISTENT' if report['consistent'] else 'NOT CONSISTENT'}"
-        )
-    return 0 if report["consistent"] else 1
-
-
-def register(sub: Any) -> None:
-    replay = sub.add_parser(
-        "replay",
-        help="online/offline consistency: replay an artifact's test users through Kafka and "
-        "compare the served scores with the offline ones",
-    )
-    replay.add_argument("--artifact", default=None,
-                        help="artifact DIR/<version> (default: the newest under artifacts_dir)")  # fmt: skip
-    replay.add_argument("--users", type=int, default=None, help="replay only the first N users")
-    replay.add_argument("--encoding", default=None,
-                        help="publish with this encoding when the version is not published yet "
-                        "(default: the artifact's)")  # fmt: skip
-    replay.add_argument("--concurrency", type=int, default=32, help="rank requests in flight")
-    replay.add_argument("--tolerance", type=float, default=1e-5,
-                        help="largest |online - offline| accepted per candidate")  # fmt: skip
-    replay.add_argument("--apply-timeout", type=float, default=300.0,
-                        help="seconds to wait for the features worker to apply every click")  # fmt: skip
-    replay.add_argument("--activate", action="store_true",
-                        help="also make the version the serving one (sr:model:active); the "
-                        "replay itself pins its worker to the version and does not need it")  # fmt: skip
-    replay.add_argument("--no-progress", action="store_true")
-    replay.add_argument("--json", action="store_true", help="print the report as JSON")
-    replay.set_defaults(func=_replay)

@@ -30,7 +30,7 @@ import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from streamrank import kafka_guard
-from streams.batch import Record
+from streams.classify import Record
 
 logger = logging.getLogger(__name__)
 

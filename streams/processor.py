@@ -25,12 +25,12 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from schemas import Limits
-from streamrank import kafka
+from streamrank import clock, kafka
 from streamrank.errors import DependencyUnavailable, KafkaUnavailable
-from streams.batch import Classified, Record, assemble, classify
+from streams.classify import Classified, Record, classify
 from streams.metrics import FeatureMetrics
 from streams.windows import windows_from_settings
-from streams.writer import BatchWriter
+from streams.writer import BatchWriter, assemble
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class FeatureProcessor:
         """Apply one batch; returns when all its effects are durable (see the module doc)."""
         started = time.perf_counter()
         settings = self._settings
-        now_ms = int(time.time() * 1000)
+        now_ms = clock.now_ms()
         classified = classify(
             records, limits=self._limits, now_ms=now_ms, max_skew_s=settings.max_event_skew_s
         )

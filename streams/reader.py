@@ -12,18 +12,15 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import redis.asyncio as aioredis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from streamrank import keys
-from streamrank.errors import RedisUnavailable
+from streamrank import clock, keys
+from streamrank.redis_errors import redis_call
 from streams.windows import Window, window_buckets, windows_from_settings
 
 _CATEGORY_PREFIX = keys.category_field("")
@@ -66,13 +63,8 @@ class FeatureReader:
         self._fine, self._coarse = windows_from_settings(settings)
 
     async def _run(self, pipe: Any) -> list[Any]:
-        try:
+        with redis_call("the feature read", "retry later or serve without features"):
             return list(await pipe.execute())
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            raise RedisUnavailable(
-                f"Redis did not answer the feature read ({exc}); retry later or serve without "
-                "features"
-            ) from exc
 
     async def get_sequences(self, user_ids: Iterable[str]) -> dict[str, list[SequenceEvent]]:
         """Each user's sequence, oldest first (one round trip for all users)."""
@@ -96,7 +88,7 @@ class FeatureReader:
         at_ms: int | None = None,
     ) -> dict[str, dict[str, dict[str, Any]]]:
         """Windowed counters of users and items ending at ``at_ms`` (one round trip)."""
-        now_ms = int(time.time() * 1000) if at_ms is None else at_ms
+        now_ms = clock.now_ms() if at_ms is None else at_ms
         users = list(dict.fromkeys(user_ids))
         items = list(dict.fromkeys(item_ids))
         fine_buckets = window_buckets(now_ms, self._fine)
@@ -149,7 +141,7 @@ class FeatureReader:
         """24 h clicks of each item (int64, aligned with ``item_ids``; ids may repeat)."""
         if not len(item_ids):
             return np.zeros(0, dtype=np.int64)
-        now_ms = int(time.time() * 1000) if at_ms is None else at_ms
+        now_ms = clock.now_ms() if at_ms is None else at_ms
         buckets = window_buckets(now_ms, self._coarse)
         pipe = self._redis.pipeline(transaction=False)
         self._queue_item_reads(pipe, list(item_ids), buckets, self._coarse)
@@ -167,3 +159,19 @@ def _sum_columns(replies: list[list[Any]], width: int) -> np.ndarray:
     for reply in replies:
         totals += np.array([_int(v) for v in reply], dtype=np.int64)
     return totals
+
+
+async def read_user_features(settings: Any, user_id: str) -> dict[str, Any]:
+    """``{"user_id", "sequence": [...] (oldest first), "counters": {...}}`` of one user."""
+    client = aioredis.from_url(settings.redis_dsn, **settings.redis_client_kwargs())
+    try:
+        reader = FeatureReader(redis=client, settings=settings)
+        sequences = await reader.get_sequences([user_id])
+        counters = await reader.get_counters(user_ids=[user_id])
+    finally:
+        await client.aclose()
+    return {
+        "user_id": user_id,
+        "sequence": [event.to_dict() for event in sequences[user_id]],
+        "counters": counters["users"][user_id],
+    }

@@ -1,4 +1,4 @@
-"""``streamrank worker features``: the Faust worker process, and ``streamrank features``."""
+"""``streamrank worker features``: the Faust worker process."""
 
 from __future__ import annotations
 
@@ -6,9 +6,7 @@ import asyncio
 import gc
 import logging
 import sys
-from typing import Any
 
-import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
 from streamrank.errors import one_line
@@ -16,7 +14,6 @@ from streamrank.metrics_http import resolve_port, serve_metrics
 from streamrank.settings import Settings
 from streams.metrics import FeatureMetrics
 from streams.processor import FeatureProcessor
-from streams.reader import FeatureReader
 
 logger = logging.getLogger(__name__)
 
@@ -65,19 +62,3 @@ def run_features_worker(settings: Settings, *, metrics_port: int | None = None) 
             logger.critical("features worker stopped: %s", one_line(crash))
         raise
     return 0
-
-
-async def read_user_features(settings: Settings, user_id: str) -> dict[str, Any]:
-    """``{"user_id", "sequence": [...] (oldest first), "counters": {...}}`` of one user."""
-    client = aioredis.from_url(settings.redis_dsn, **settings.redis_client_kwargs())
-    try:
-        reader = FeatureReader(redis=client, settings=settings)
-        sequences = await reader.get_sequences([user_id])
-        counters = await reader.get_counters(user_ids=[user_id])
-    finally:
-        await client.aclose()
-    return {
-        "user_id": user_id,
-        "sequence": [event.to_dict() for event in sequences[user_id]],
-        "counters": counters["users"][user_id],
-    }

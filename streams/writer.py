@@ -16,14 +16,17 @@ loads the script again and retries. Works on Redis 6.2 (no functions, no HEXPIRE
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import redis.asyncio as aioredis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from streamrank.errors import RedisUnavailable
-from streams.batch import ScriptCall
+from schemas import ClickEvent
+from streamrank import keys
+from streamrank.redis_errors import redis_call
+from streams.windows import Window, bucket_expire_at_ms, bucket_start
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +80,101 @@ return applied
 """
 
 
+@dataclass(frozen=True, slots=True)
+class ScriptCall:
+    """Keys and the one argument of one run of the batch script, plus what it skipped."""
+
+    keys: list[str]
+    payload: bytes
+    too_old_for_counters: int
+
+
+def assemble(
+    events: Sequence[ClickEvent],
+    *,
+    now_ms: int,
+    windows: tuple[Window, Window],
+    lateness_s: int,
+    sequence_length: int,
+    sequence_ttl_s: int,
+    dedupe_ttl_s: int,
+) -> ScriptCall:
+    """Arguments of the batch script for ``events`` (already validated and unique by event_id).
+
+    KEYS = seen keys (one per event), then sequence keys (one per distinct user), then counter
+    bucket keys (one per distinct bucket). ARGV[1] = one JSON document (one argument instead of
+    nine per event: redis-py packs each argument in Python, which cost more than the rest of
+    the batch): ``n`` = [events, users, buckets], ``h`` = [cap, sequence TTL ms, dedupe TTL ms],
+    ``x`` = PEXPIREAT time (ms) per bucket key, ``e`` = per event [user index, score, member,
+    user fine, user coarse, item fine, item coarse bucket index (0 = not counted: the bucket
+    has already expired), item id, category field or ""]. Integers that may exceed Lua's
+    14 significant digits travel as strings.
+    """
+    fine, coarse = windows
+    seen_keys: list[str] = []
+    user_index: dict[str, int] = {}
+    bucket_index: dict[str, int] = {}
+    bucket_expiry: list[str] = []
+    per_event: list[list[str | int]] = []
+    too_old = 0
+
+    def bucket(key: str, expire_at_ms: int) -> int:
+        index = bucket_index.get(key)
+        if index is None:
+            index = bucket_index[key] = len(bucket_index) + 1
+            bucket_expiry.append(str(expire_at_ms))
+        return index
+
+    for event in events:
+        seen_keys.append(keys.seen(event.event_id))
+        uidx = user_index.get(event.user_id)
+        if uidx is None:
+            uidx = user_index[event.user_id] = len(user_index) + 1
+        fine_start = bucket_start(event.ts, fine.resolution_s)
+        coarse_start = bucket_start(event.ts, coarse.resolution_s)
+        fine_exp = bucket_expire_at_ms(fine_start, fine, lateness_s)
+        coarse_exp = bucket_expire_at_ms(coarse_start, coarse, lateness_s)
+        ufine = ifine = ucoarse = icoarse = 0
+        if fine_exp > now_ms:
+            ufine = bucket(
+                keys.user_counter_bucket(event.user_id, fine.resolution_s, fine_start), fine_exp
+            )
+            ifine = bucket(keys.item_counter_bucket(fine.resolution_s, fine_start), fine_exp)
+        if coarse_exp > now_ms:
+            ucoarse = bucket(
+                keys.user_counter_bucket(event.user_id, coarse.resolution_s, coarse_start),
+                coarse_exp,
+            )
+            icoarse = bucket(
+                keys.item_counter_bucket(coarse.resolution_s, coarse_start), coarse_exp
+            )
+        else:
+            too_old += 1
+        per_event.append(
+            [
+                uidx,
+                str(event.ts),
+                keys.sequence_member(event.event_id, event.item_id, event.category),
+                ufine,
+                ucoarse,
+                ifine,
+                icoarse,
+                event.item_id,
+                keys.category_field(event.category) if event.category else "",
+            ]
+        )
+    all_keys = seen_keys + [keys.sequence(u) for u in user_index] + list(bucket_index)
+    payload = orjson.dumps(
+        {
+            "n": [len(seen_keys), len(user_index), len(bucket_index)],
+            "h": [sequence_length, str(sequence_ttl_s * 1000), str(dedupe_ttl_s * 1000)],
+            "x": bucket_expiry,
+            "e": per_event,
+        }
+    )
+    return ScriptCall(all_keys, payload, too_old)
+
+
 class BatchWriter:
     """Runs the batch script; ``await writer.apply(call)`` returns how many events were new."""
 
@@ -88,10 +186,8 @@ class BatchWriter:
         """Apply one batch; raises RedisUnavailable when Redis does not answer (safe to retry)."""
         if not call.keys:
             return 0
-        try:
+        with redis_call(
+            "the feature batch",
+            "the batch will be retried; check that Redis is up and STREAMRANK_REDIS_URL is right",
+        ):
             return int(await self._script(keys=call.keys, args=[call.payload]))
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            raise RedisUnavailable(
-                f"Redis did not apply the feature batch ({exc}); the batch will be retried, "
-                "check that Redis is up and STREAMRANK_REDIS_URL is right"
-            ) from exc

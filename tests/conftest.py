@@ -44,7 +44,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
     if bootstrap and redis_url:
         yield StackInfo(bootstrap, redis_url, run_dir)
         return
-    from streamrank.stack import EmbeddedStack, free_port
+    from streamrank.devstack.stack import EmbeddedStack, free_port
 
     embedded = EmbeddedStack(run_dir=run_dir, kafka_port=free_port(), redis_port=free_port())
     embedded.up(timeout_s=60)

@@ -1,0 +1,355 @@
+"""DIN (Deep Interest Network, Zhou et al., KDD 2018), its BaseModel baseline, and the serving scorer.
+
+Items are represented by ONE vector per raw item id: the item-id embedding concatenated with the
+mean of the item's category (genre) embeddings (:class:`ItemTower`). At export the tower is
+materialised into the item table that the embedding store serves, so the dense networks below
+only ever see item vectors: ``hist [B, L, d]``, ``cand [B, d]`` (training) or ``[B, C, d]``
+(serving).
+
+* :class:`DIN`: local activation unit over ``[q, k, q-k, q*k]`` (q = candidate, k = history
+  event), PReLU activations, masked, *unnormalised* weighted sum of the history (no softmax, as in
+  the paper), MLP head over ``[pooled, q, pooled*q]``, one logit.
+* :class:`BaseModel`: the same embeddings and head, masked *sum* pooling instead of attention.
+* :class:`DinScorer`: the serving forward of a trained :class:`DIN`. All candidates of one request
+  share one history, so the first attention layer ``W·[q, k, q-k, q*k] + b`` is split into
+  ``(Wq+Wd)·q + b`` (per candidate), ``(Wk-Wd)·k`` (per history event, once per request) and
+  ``Wp·(q*k)`` (per pair), which avoids building the ``[C, L, 4d]`` input and cuts the first
+  layer's per-pair work by 4x. Equal to :meth:`DIN.forward` within 1e-5 (tested).
+
+Masks are required arguments everywhere; padded positions never change a score (tested).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from streamrank.errors import ArtifactError
+
+ModelKind = Literal["din", "base"]
+TABLE_PREFIX = "tables."  # small tables shipped inside the dense weights file
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture of the dense network (what config.json records under ``model``)."""
+
+    kind: ModelKind = "din"
+    item_dim: int = 24  # = id_dim + category_dim
+    id_dim: int = 16
+    category_dim: int = 8
+    attention_hidden: tuple[int, ...] = (64, 16)
+    mlp_hidden: tuple[int, ...] = (64, 32)
+    activation: Literal["prelu"] = "prelu"
+    # Optional user profile input: vocabulary size of each profile feature (empty = none).
+    profile_sizes: tuple[int, ...] = ()
+    profile_dim: int = 4
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["attention_hidden"] = list(self.attention_hidden)
+        out["mlp_hidden"] = list(self.mlp_hidden)
+        out["profile_sizes"] = list(self.profile_sizes)
+        return out
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> ModelSpec:
+        try:
+            spec = cls(
+                kind=raw["kind"],
+                item_dim=int(raw["item_dim"]),
+                id_dim=int(raw["id_dim"]),
+                category_dim=int(raw["category_dim"]),
+                attention_hidden=tuple(int(h) for h in raw["attention_hidden"]),
+                mlp_hidden=tuple(int(h) for h in raw["mlp_hidden"]),
+                activation=raw.get("activation", "prelu"),
+                profile_sizes=tuple(int(n) for n in raw.get("profile_sizes", ())),
+                profile_dim=int(raw.get("profile_dim", 4)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"config.json 'model' section is invalid: {exc!r}") from exc
+        if spec.kind not in ("din", "base") or spec.activation != "prelu":
+            raise ArtifactError(
+                f"config.json 'model': unsupported kind/activation {spec.kind}/{spec.activation}"
+            )
+        if spec.item_dim != spec.id_dim + spec.category_dim or spec.item_dim <= 0:
+            raise ArtifactError(
+                f"config.json 'model': item_dim {spec.item_dim} != id_dim {spec.id_dim} + "
+                f"category_dim {spec.category_dim}"
+            )
+        return spec
+
+
+class PReLU(nn.Module):
+    """Parametric ReLU with one slope per feature of the LAST dim (``nn.PReLU`` uses dim 1)."""
+
+    def __init__(self, features: int, init: float = 0.1) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.full((features,), init))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # F.prelu on a 2-d view: one fused kernel (40x faster than torch.where on CPU).
+        return F.prelu(x.reshape(-1, x.shape[-1]), self.weight).view(x.shape)
+
+
+def _mlp(sizes: list[int]) -> nn.Sequential:
+    """Linear+PReLU stack ending in a Linear to one output."""
+    layers: list[nn.Module] = []
+    for fan_in, fan_out in itertools.pairwise(sizes):
+        layers += [nn.Linear(fan_in, fan_out), PReLU(fan_out)]
+    layers.append(nn.Linear(sizes[-1], 1))
+    return nn.Sequential(*layers)
+
+
+class ItemTower(nn.Module):
+    """Item vector = [id embedding, mean of the item's category embeddings] (training only)."""
+
+    item_genres: Tensor  # [N, G] buffer
+    genre_weights: Tensor  # [N, G] buffer
+
+    def __init__(self, *, n_items: int, item_genres: Tensor, genre_mask: Tensor, n_genres: int,
+                 id_dim: int, category_dim: int) -> None:  # fmt: skip
+        super().__init__()
+        self.ids = nn.Embedding(n_items, id_dim)
+        self.categories = nn.Embedding(n_genres, category_dim)
+        nn.init.normal_(self.ids.weight, std=0.05)
+        nn.init.normal_(self.categories.weight, std=0.05)
+        weights = genre_mask.float() / genre_mask.float().sum(1, keepdim=True).clamp(min=1)
+        self.register_buffer("item_genres", item_genres.long(), persistent=False)  # [N, G]
+        self.register_buffer("genre_weights", weights, persistent=False)  # [N, G], rows sum to 1
+
+    def forward(self, idx: Tensor) -> Tensor:
+        """``idx [...]`` item indices -> ``[..., id_dim + category_dim]``."""
+        cat = self.categories(self.item_genres[idx])  # [..., G, c]
+        cat = (cat * self.genre_weights[idx].unsqueeze(-1)).sum(-2)  # [..., c]
+        return torch.cat([self.ids(idx), cat], dim=-1)  # [..., d]
+
+    @torch.no_grad()
+    def export(self, chunk: int = 65536) -> npt.NDArray[np.float32]:
+        """The materialised item table ``[n_items, d]`` (what the embedding store serves)."""
+        n = self.ids.num_embeddings
+        parts = [self(torch.arange(s, min(s + chunk, n))) for s in range(0, n, chunk)]
+        return torch.cat(parts).numpy().astype(np.float32)
+
+
+class _Head(nn.Module):
+    """MLP over ``[pooled, cand, pooled*cand]`` (+ the user's profile embeddings, if configured)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        n_profile = len(spec.profile_sizes) * spec.profile_dim
+        self.mlp = _mlp([3 * spec.item_dim + n_profile, *spec.mlp_hidden])
+        # Created only when configured, so profile-free models keep their exact initialisation.
+        self.profile = nn.ModuleList(nn.Embedding(n, spec.profile_dim) for n in spec.profile_sizes)
+
+    def forward(self, pooled: Tensor, cand: Tensor, profile: Tensor | None = None) -> Tensor:
+        """``pooled, cand [..., d]``, ``profile [B, P]`` codes (if configured) -> logits ``[...]``."""
+        parts = [pooled, cand, pooled * cand]
+        if len(self.profile):
+            if profile is None:
+                raise ValueError(
+                    f"this model needs the user profile ({len(self.profile)} codes per request)"
+                )
+            pv = torch.cat(
+                [emb(profile[:, i]) for i, emb in enumerate(self.profile)], -1
+            )  # [B, P*p]
+            while pv.dim() < pooled.dim():
+                pv = pv.unsqueeze(-2)  # [B, 1, P*p]
+            parts.append(pv.expand(*pooled.shape[:-1], pv.shape[-1]))
+        return self.mlp(torch.cat(parts, dim=-1)).squeeze(-1)
+
+
+class DIN(nn.Module):
+    """Deep Interest Network over item vectors; :meth:`forward` is the straightforward one."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.attention = _mlp([4 * spec.item_dim, *spec.attention_hidden])
+        self.head = _Head(spec)
+
+    def attention_weights(self, hist: Tensor, hist_mask: Tensor, cand: Tensor) -> Tensor:
+        """Unnormalised activation weights ``[B, L]`` (0 at padded positions)."""
+        q = cand.unsqueeze(1).expand_as(hist)  # [B, L, d]
+        x = torch.cat([q, hist, q - hist, q * hist], dim=-1)  # [B, L, 4d]
+        w = self.attention(x).squeeze(-1)  # [B, L]
+        return torch.where(hist_mask, w, torch.zeros_like(w))  # [B, L]
+
+    def forward(
+        self, hist: Tensor, hist_mask: Tensor, cand: Tensor, profile: Tensor | None = None
+    ) -> Tensor:
+        """``hist [B, L, d]``, ``hist_mask [B, L]`` bool, ``cand [B, d]`` -> logits ``[B]``.
+
+        ``profile [B, P]``: the user's profile codes, required iff the spec has profile features.
+        """
+        hist = hist.masked_fill(~hist_mask.unsqueeze(-1), 0.0)  # [B, L, d]; padding (even NaN) -> 0
+        w = self.attention_weights(hist, hist_mask, cand)  # [B, L]
+        pooled = (w.unsqueeze(-1) * hist).sum(1)  # [B, d]
+        return self.head(pooled, cand, profile)  # [B]
+
+
+class BaseModel(nn.Module):
+    """Embedding + masked sum pooling + the same MLP head (the paper's Base model)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.head = _Head(spec)
+
+    def forward(
+        self, hist: Tensor, hist_mask: Tensor, cand: Tensor, profile: Tensor | None = None
+    ) -> Tensor:
+        """``hist [B, L, d]``, ``hist_mask [B, L]`` bool, ``cand [B, d]`` -> logits ``[B]``."""
+        pooled = hist.masked_fill(~hist_mask.unsqueeze(-1), 0.0).sum(1)  # [B, d]
+        return self.head(pooled, cand, profile)  # [B]
+
+
+def build_net(spec: ModelSpec) -> DIN | BaseModel:
+    return DIN(spec) if spec.kind == "din" else BaseModel(spec)
+
+
+class DinScorer:
+    """Serving forward of a trained DIN: many candidates against one history per request."""
+
+    def __init__(self, net: DIN) -> None:
+        net = net.eval()
+        self.net = net
+        self.spec = net.spec
+        d = net.spec.item_dim
+        first: nn.Linear = net.attention[0]  # type: ignore[assignment]
+        w = first.weight.detach()  # [h, 4d] = [Wq | Wk | Wd | Wp]
+        wq, wk, wd, wp = w[:, :d], w[:, d : 2 * d], w[:, 2 * d : 3 * d], w[:, 3 * d :]
+        self.w_cand = (wq + wd).t().contiguous()  # [d, h]
+        self.w_hist = (wk - wd).t().contiguous()  # [d, h]
+        self.w_prod = wp.t().contiguous()  # [d, h]
+        self.bias = first.bias.detach().clone()  # [h]
+        self.rest = net.attention[1:]  # PReLU, Linear, ..., Linear(., 1)
+
+    @classmethod
+    def from_state(cls, spec: ModelSpec, state: Mapping[str, Tensor]) -> DinScorer:
+        """Build from a dense state dict (small tables under ``tables.`` are ignored here)."""
+        if spec.kind != "din":
+            raise ArtifactError(
+                f"the serving scorer needs a DIN artifact, this one is {spec.kind!r}"
+            )
+        net = DIN(spec)
+        weights = {k: v for k, v in state.items() if not k.startswith(TABLE_PREFIX)}
+        try:
+            net.load_state_dict(weights, strict=True)
+        except RuntimeError as exc:
+            raise ArtifactError(
+                f"dense weights do not match the config's model dims: {exc}"
+            ) from exc
+        return cls(net)
+
+    @classmethod
+    def from_bytes(cls, config: Mapping[str, Any], dense: bytes) -> DinScorer:
+        """Build from config.json (parsed) and the dense safetensors bytes (as stored in Redis)."""
+        spec = ModelSpec.from_json(config.get("model", {}))
+        try:
+            state = st_load(dense)
+        except Exception as exc:  # safetensors raises its own error types
+            raise ArtifactError(f"dense weights are not a valid safetensors file: {exc}") from exc
+        return cls.from_state(spec, state)
+
+    # (candidate, event) pairs per chunk: keeps the [b, C, L, h] intermediates in cache; on a
+    # 2-core box 32 requests x 100 x 50 ran 2.5x faster in chunks of ~10k pairs than in one go.
+    PAIRS_PER_CHUNK = 10_000
+
+    @torch.inference_mode()
+    def score_logits(
+        self, hist: Tensor, hist_mask: Tensor, cands: Tensor, profile: Tensor | None = None
+    ) -> Tensor:
+        """``hist [B, L, d]``, ``hist_mask [B, L]``, ``cands [B, C, d]`` -> logits ``[B, C]``."""
+        b, c, length = cands.shape[0], cands.shape[1], hist.shape[1]
+        step = max(1, self.PAIRS_PER_CHUNK // max(1, c * length))
+        if step >= b:
+            return self._logits(hist, hist_mask, cands, profile)
+        parts = [
+            self._logits(
+                hist[i : i + step],
+                hist_mask[i : i + step],
+                cands[i : i + step],
+                None if profile is None else profile[i : i + step],
+            )
+            for i in range(0, b, step)
+        ]
+        return torch.cat(parts)  # [B, C]
+
+    def _logits(
+        self, hist: Tensor, hist_mask: Tensor, cands: Tensor, profile: Tensor | None
+    ) -> Tensor:
+        hist = hist.masked_fill(~hist_mask.unsqueeze(-1), 0.0)  # [B, L, d]; padding (even NaN) -> 0
+        a = torch.addmm(self.bias, cands.reshape(-1, cands.shape[-1]), self.w_cand)  # [B*C, h]
+        a = a.view(cands.shape[0], cands.shape[1], 1, self.bias.shape[0])  # [B, C, 1, h]
+        h = torch.matmul(hist, self.w_hist).unsqueeze(1)  # [B, 1, L, h]: once per request
+        qw = cands.unsqueeze(-1) * self.w_prod  # [B, C, d, h]: diag(q)·Wp^T
+        x = torch.matmul(hist.unsqueeze(1), qw)  # [B, C, L, h]: Wp·(q*k) for every pair
+        x += a
+        x += h
+        w = self.rest(x).squeeze(-1)  # [B, C, L]
+        w = w * hist_mask.unsqueeze(1)  # [B, C, L]
+        pooled = torch.matmul(w, hist)  # [B, C, d]
+        return self.net.head(pooled, cands, profile)  # [B, C]
+
+    def score(
+        self,
+        hist: npt.ArrayLike | Tensor,
+        hist_mask: npt.ArrayLike | Tensor,
+        cands: npt.ArrayLike | Tensor,
+        cand_mask: npt.ArrayLike | Tensor,
+        profile: npt.ArrayLike | Tensor | None = None,
+    ) -> npt.NDArray[np.float32]:
+        """Click probabilities ``[B, C]`` (0 where ``cand_mask`` is False).
+
+        ``hist [B, L, d]`` float32, ``hist_mask [B, L]`` bool, ``cands [B, C, d]`` float32,
+        ``cand_mask [B, C]`` bool. A request with an empty history is scored on the candidate alone.
+        ``profile [B, P]`` int codes only for a model trained with profile features
+        (``spec.profile_sizes``); the default served model has none.
+        """
+        h = torch.as_tensor(
+            np.asarray(hist, dtype=np.float32) if not isinstance(hist, Tensor) else hist
+        )
+        hm = torch.as_tensor(
+            np.asarray(hist_mask, dtype=bool) if not isinstance(hist_mask, Tensor) else hist_mask
+        )
+        c = torch.as_tensor(
+            np.asarray(cands, dtype=np.float32) if not isinstance(cands, Tensor) else cands
+        )
+        cm = torch.as_tensor(
+            np.asarray(cand_mask, dtype=bool) if not isinstance(cand_mask, Tensor) else cand_mask
+        )
+        h, c, hm, cm = h.float(), c.float(), hm.bool(), cm.bool()
+        d = self.spec.item_dim
+        if h.dim() != 3 or c.dim() != 3 or h.shape[-1] != d or c.shape[-1] != d:
+            raise ValueError(
+                f"expected hist [B, L, {d}] and cands [B, C, {d}], got {tuple(h.shape)}, {tuple(c.shape)}"
+            )
+        if hm.shape != h.shape[:2] or cm.shape != c.shape[:2] or h.shape[0] != c.shape[0]:
+            raise ValueError("masks must be [B, L] and [B, C] matching hist and cands")
+        prof = None if profile is None else torch.as_tensor(np.asarray(profile)).long()  # [B, P]
+        probs = torch.sigmoid(self.score_logits(h, hm, c, prof))  # [B, C]
+        return torch.where(cm, probs, torch.zeros_like(probs)).numpy()
+
+
+def dense_state(net: nn.Module, category_table: Tensor | None = None) -> dict[str, Tensor]:
+    """The dense weights to ship: the net's parameters plus small tables under ``tables.``."""
+    state = {k: v.detach().contiguous().clone() for k, v in net.state_dict().items()}
+    if category_table is not None:
+        state[f"{TABLE_PREFIX}category"] = category_table.detach().contiguous().clone()
+    return state
+
+
+def dense_bytes(state: Mapping[str, Tensor]) -> bytes:
+    """Safetensors bytes (no pickle) of a dense state dict."""
+    return st_save(dict(state))

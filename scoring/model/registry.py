@@ -1,0 +1,175 @@
+"""Publishing model versions to Redis, activating one, and loading a scorer back from Redis.
+
+``publish``: validate the whole artifact first (:func:`scoring.model.artifact.load_artifact`), then the
+item table goes into the embedding store (table ``item``; the store writes its meta last), then the
+dense weights, then config.json LAST. A version counts as published only once its config key
+exists, so a crash part-way leaves nothing a reader or ``activate`` would accept; running
+``publish`` again completes it (an item table already in the store with the same rows, dim and
+encoding is kept).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from scoring.embeddings.codec import ENCODINGS
+from scoring.embeddings.store import EmbeddingStore
+from scoring.embeddings.validate import check_name
+from scoring.model.artifact import Artifact
+from scoring.model.canary import parse_split
+from scoring.model.din import DinScorer
+from streamrank import keys
+from streamrank.errors import ArtifactError, EmbeddingError, UnknownVersion
+from streamrank.redis_errors import redis_call
+
+logger = logging.getLogger(__name__)
+
+
+async def publish_artifact(
+    redis: aioredis.Redis, artifact: Artifact, *, encoding: str | None = None, progress: bool = True
+) -> dict[str, Any]:
+    """Publish a validated artifact under its version; returns a small report."""
+    enc = encoding or artifact.encoding
+    if enc not in ENCODINGS:
+        raise ArtifactError(f"unknown encoding {enc!r}; use one of {', '.join(ENCODINGS)}")
+    version = artifact.version
+    if await redis.exists(keys.model_config(version)):
+        raise ArtifactError(
+            f"version {version!r} is already published (versions are immutable); train a new version"
+        )
+    store = EmbeddingStore(redis=redis)
+    rows, dim = artifact.item_table.shape
+    table_report: dict[str, Any]
+    try:
+        meta = await store.table_meta(version, keys.ITEM_TABLE)
+    except UnknownVersion:
+        report = await store.publish(
+            keys.ITEM_TABLE,
+            artifact.item_ids,
+            artifact.item_table,
+            encoding=enc,
+            version=version,
+            oov_row=artifact.oov_row,
+            progress=progress,
+        )
+        table_report = {"rows": report.rows, "dim": report.dim, "encoding": report.encoding,
+                        "seconds": round(report.seconds, 3), "resumed": False}  # fmt: skip
+    else:
+        # An earlier publish stored the table but died before the model keys: finish it.
+        if (meta.rows, meta.dim, meta.encoding) != (rows, dim, enc):
+            raise ArtifactError(
+                f"version {version!r} already has an item table with rows/dim/encoding "
+                f"{meta.rows}/{meta.dim}/{meta.encoding}, this artifact has {rows}/{dim}/{enc}; "
+                f"delete that version (`streamrank embeddings delete {version}`) or publish "
+                "with the same encoding"
+            )
+        table_report = {
+            "rows": meta.rows,
+            "dim": meta.dim,
+            "encoding": meta.encoding,
+            "resumed": True,
+        }
+    pipe = redis.pipeline(transaction=False)
+    pipe.set(keys.model_dense(version), artifact.dense)
+    pipe.set(keys.model_config(version), artifact.config_bytes(encoding=enc))  # last
+    await pipe.execute()
+    logger.info("published %s (%s rows, %s)", version, rows, enc)
+    return {"version": version, "encoding": enc, "item_table": table_report,
+            "dense_bytes": len(artifact.dense)}  # fmt: skip
+
+
+def _parse_config(raw: bytes | str, version: str) -> dict[str, Any]:
+    """A published config.json, or ArtifactError (a StreamrankError the scorer's reload handles)."""
+    try:
+        config = json.loads(raw)
+    except ValueError as exc:
+        raise ArtifactError(
+            f"the published config of model version {version!r} is not valid JSON ({exc}); "
+            f"delete the version (`streamrank embeddings delete {version}`) and publish it again"
+        ) from exc
+    if not isinstance(config, dict):
+        raise ArtifactError(
+            f"the published config of model version {version!r} is not a JSON object; "
+            f"delete the version (`streamrank embeddings delete {version}`) and publish it again"
+        )
+    return config
+
+
+async def published_config(redis: aioredis.Redis, version: str) -> dict[str, Any]:
+    """The config.json of a published version; UnknownVersion when it is not published."""
+    raw = await redis.get(keys.model_config(version))
+    if raw is None:
+        raise UnknownVersion(
+            f"model version {version!r} is not published; run `streamrank publish ARTIFACT` first"
+        )
+    return _parse_config(raw, version)
+
+
+async def activate_version(redis: aioredis.Redis, version: str) -> str | None:
+    """Point ``sr:model:active`` at a fully published version; returns the previous one."""
+    await published_config(redis, version)
+    await EmbeddingStore(redis=redis).table_meta(
+        version, keys.ITEM_TABLE
+    )  # UnknownVersion if absent
+    previous = await redis.set(keys.active_model(), version, get=True)  # SET ... GET: Redis >= 6.2
+    return previous.decode() if isinstance(previous, bytes) else None
+
+
+async def active_version(redis: aioredis.Redis) -> str | None:
+    raw = await redis.get(keys.active_model())
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+async def load_scorer_from_redis(
+    redis: aioredis.Redis, version: str
+) -> tuple[DinScorer, dict[str, Any]]:
+    """The serving scorer and config of a published version, from Redis alone (one round trip)."""
+    config_raw, dense = await redis.mget([keys.model_config(version), keys.model_dense(version)])
+    if config_raw is None or dense is None:
+        raise UnknownVersion(
+            f"model version {version!r} is not (fully) published; run `streamrank publish` for it"
+        )
+    config = _parse_config(config_raw, version)
+    return DinScorer.from_bytes(
+        config, dense if isinstance(dense, bytes) else dense.encode()
+    ), config
+
+
+async def delete_version(store: EmbeddingStore, version: str, *, force: bool = False) -> int:
+    """Delete every key of ``version``: its model keys (config first: without it a version no
+    longer counts as published, so neither ``activate`` nor a scoring worker picks it up while
+    its rows disappear), then its embedding tables. Returns the keys deleted.
+
+    Refuses a version the scoring workers may serve, the active one (``sr:model:active``) or one
+    in the canary split (``sr:model:split``), unless ``force``.
+    """
+    check_name("version", version)
+    redis = store.redis
+    with redis_call(
+        f"while deleting version {version!r}",
+        "run the delete again (it resumes: every step is idempotent)",
+    ):
+        active, split = await redis.mget([keys.active_model(), keys.model_split()])
+        if active is not None and _text(active) == version and not force:
+            raise EmbeddingError(
+                f"version {version!r} is the active model version; activate another first "
+                "(or pass force)"
+            )
+        if split is not None and version in {v for v, _ in parse_split(_text(split))} and not force:
+            raise EmbeddingError(
+                f"version {version!r} is in the canary split {keys.model_split()} "
+                f"({_text(split)!r}); take it out of the split first (or pass force)"
+            )
+        deleted = int(await redis.unlink(keys.model_config(version), keys.model_dense(version)))
+        known, table_keys = await store.delete_version_keys(version)
+    if not known and deleted + table_keys == 0:
+        raise UnknownVersion(f"embedding version {version!r} is not published; nothing deleted")
+    return deleted + table_keys
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

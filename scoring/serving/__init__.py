@@ -1,0 +1,1 @@
+"""Online: the scoring worker and what it ranks a micro-batch with."""

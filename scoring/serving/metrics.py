@@ -1,0 +1,102 @@
+"""Every metric of the scoring worker, built in one place from an injected registry.
+
+The embedding cache registers its own ``streamrank_embedding_cache_*`` metrics in the same
+registry (``scoring.embeddings.metrics``).
+
+Latency buckets suit a tens-of-milliseconds budget: fine steps from 1 ms to 50 ms, then a few
+coarse ones to see outliers (Redis timeouts, GC pauses, broker stalls).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (
+    0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025,
+    0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5,
+)  # fmt: skip
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+STAGES = ("queue_wait", "sequence_fetch", "embedding_lookup", "forward", "total")
+
+
+class ScoringMetrics:
+    """Counters, histograms and gauges of one scoring worker."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "streamrank_scoring_requests",
+            "Rank requests answered, by outcome (ok, degraded, error) and reason.",
+            ["outcome", "reason"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "streamrank_scoring_request_latency_seconds",
+            "End to end: request produced -> reply acknowledged by the broker.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.stage_latency = Histogram(
+            "streamrank_scoring_stage_seconds",
+            "Time per stage of a request: queue_wait, sequence_fetch, embedding_lookup, forward, "
+            "total.",
+            ["stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "streamrank_scoring_batch_size",
+            "Requests per micro-batch.",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.redis_errors = Counter(
+            "streamrank_scoring_redis_errors", "Redis calls that failed or timed out.", registry=r
+        )
+        self.breaker_state = Gauge(
+            "streamrank_scoring_breaker_state",
+            "Redis circuit breaker: 0 closed, 1 half-open, 2 open.",
+            registry=r,
+        )
+        self.dead_letters = Counter(
+            "streamrank_scoring_dead_letters",
+            "Requests sent to the dead-letter topic, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.skipped_requests = Counter(
+            "streamrank_scoring_skipped_requests",
+            "Offsets of request batches that could not be decoded and were skipped (each such "
+            "batch is one dead letter with reason undecodable_batch naming the offsets).",
+            registry=r,
+        )
+        self.model_active = Gauge(
+            "streamrank_scoring_model_traffic_share",
+            "Share of traffic each serving model version receives (1 = the only active one).",
+            ["version"],
+            registry=r,
+        )
+        self.version_switches = Counter(
+            "streamrank_scoring_version_switches", "Serving version changes applied.", registry=r
+        )
+        self._versions: set[str] = set()
+
+    def observe_reply(self, *, degraded: bool, reason: str | None, error: bool) -> None:
+        outcome = "error" if error else "degraded" if degraded else "ok"
+        code = (reason or "").split(":", 1)[0]
+        self.requests.labels(outcome, code).inc()
+
+    def observe_stages(self, timings_ms: Mapping[str, float]) -> None:
+        for stage, value in timings_ms.items():
+            if stage in STAGES:
+                self.stage_latency.labels(stage).observe(value / 1000.0)
+
+    def set_split(self, split: tuple[tuple[str, float], ...]) -> None:
+        for version in self._versions - {v for v, _ in split}:
+            self.model_active.remove(version)
+        for version, weight in split:
+            self.model_active.labels(version).set(weight)
+        self._versions = {v for v, _ in split}

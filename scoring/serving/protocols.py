@@ -1,0 +1,56 @@
+"""The interfaces the scoring worker codes against.
+
+The real implementations are ``streams.reader.FeatureReader``,
+``scoring.embeddings.cache.CachedEmbeddings`` and ``scoring.model.din.DinScorer``; these
+Protocols only say what the worker calls, so its pure parts can be unit-tested without a broker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class SequenceEventLike(Protocol):
+    """One event of a user's behaviour sequence (oldest first)."""
+
+    @property
+    def item_id(self) -> str: ...
+
+    @property
+    def ts(self) -> int: ...
+
+    @property
+    def event_id(self) -> str: ...
+
+
+class FeatureSource(Protocol):
+    """Read side of the feature store: one Redis round trip per call, whole batch."""
+
+    async def get_sequences(self, user_ids: Sequence[str]) -> Mapping[str, Sequence[Any]]: ...
+
+    async def item_popularity(self, item_ids: Sequence[str]) -> np.ndarray: ...
+
+
+class EmbeddingSource(Protocol):
+    """Cached embedding lookup: dedupe, local cache, one round trip for the misses."""
+
+    async def lookup(self, version: str, table: str, ids: Sequence[str]) -> np.ndarray: ...
+
+    async def warm(self, version: str, table: str, ids: Sequence[str]) -> Any: ...
+
+    def stats(self) -> Mapping[str, Any]: ...
+
+
+class Scorer(Protocol):
+    """DIN serving forward: probabilities ``[B, C]``; masks are required."""
+
+    def score(
+        self,
+        hist: np.ndarray,  # [B, L, d] float32
+        hist_mask: np.ndarray,  # [B, L] bool
+        cands: np.ndarray,  # [B, C, d] float32
+        cand_mask: np.ndarray,  # [B, C] bool
+    ) -> np.ndarray: ...

@@ -1,0 +1,54 @@
+"""What the model saw: the served-log record, and rescoring one offline.
+
+A record holds everything a score depended on besides the model version's weights and item
+table (which the store keeps per version): the history (item ids, ts, event ids) and the
+candidates. Rescoring it with the same version must reproduce the logged scores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from schemas import RankRequest
+from scoring.serving.assemble import assemble, gather
+from scoring.serving.protocols import EmbeddingSource, Scorer
+from streamrank import keys
+
+
+def served_record(
+    request: RankRequest,
+    version: str,
+    events: Sequence[Any],
+    scores: Sequence[float],
+    served_at: int,
+) -> dict[str, Any]:
+    """The point-in-time record of one scored request (served-log topic, key = request_id)."""
+    return {
+        "request_id": request.request_id,
+        "user_id": request.user_id,
+        "model_version": version,
+        "sequence": {
+            "item_ids": [e.item_id for e in events],
+            "ts": [int(e.ts) for e in events],
+            "event_ids": [e.event_id for e in events],
+        },
+        "items": list(request.items),
+        "scores": list(scores),
+        "served_at": served_at,
+    }
+
+
+async def rescore(
+    record: Mapping[str, Any], *, scorer: Scorer, embeddings: EmbeddingSource
+) -> np.ndarray:
+    """Score a logged record again, alone (B=1), with the record's own version."""
+    history = list(record["sequence"]["item_ids"])
+    items = list(record["items"])
+    batch = assemble([history], [items], max_history=max(1, len(history)))
+    rows = await embeddings.lookup(record["model_version"], keys.ITEM_TABLE, batch.unique_ids)
+    hist, cands = gather(rows, batch)
+    scores = scorer.score(hist, batch.hist_mask, cands, batch.cand_mask)  # [1, C]
+    return np.asarray(scores, dtype=np.float32)[0, : len(items)]

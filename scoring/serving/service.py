@@ -1,0 +1,287 @@
+"""Ranking one micro-batch: sequences -> embeddings -> DIN -> results (no Kafka here).
+
+One Redis round trip fetches every user's sequence; requests are grouped by the model version
+that serves them, and each group makes one embedding lookup for the union of its candidate and
+history ids and one forward. Failures never escape: Redis trouble gives degraded replies with
+fallback scores and feeds the circuit breaker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from schemas import RankRequest, RankResult
+from scoring.serving import replies
+from scoring.serving.assemble import assemble, gather, split_scores
+from scoring.serving.breaker import CircuitBreaker
+from scoring.serving.metrics import ScoringMetrics
+from scoring.serving.protocols import EmbeddingSource, FeatureSource, Scorer
+from scoring.serving.served_log import served_record
+from scoring.serving.watcher import RecentIds, Serving
+from streamrank import clock, keys, redis_errors
+from streamrank.errors import DependencyUnavailable, StreamrankError
+
+logger = logging.getLogger(__name__)
+
+ForwardMode = Literal["batched", "per_request"]
+# What a Redis outage looks like from redis-py and the layers above it.
+REDIS_FAILURES: tuple[type[BaseException], ...] = (
+    DependencyUnavailable,
+    asyncio.TimeoutError,
+    *redis_errors.TRANSIENT,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """A valid request with when it was produced (Kafka timestamp) and received, epoch ms."""
+
+    request: RankRequest
+    produced_ms: int
+    received_ms: int
+
+
+@dataclass(slots=True)
+class Ranked:
+    """A reply and, for model-scored requests, the what-the-model-saw record."""
+
+    result: RankResult
+    served: dict[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class _Group:
+    version: str
+    members: list[int] = field(default_factory=list)
+
+
+def forward(
+    scorer: Scorer,
+    hist: np.ndarray,
+    hist_mask: np.ndarray,
+    cands: np.ndarray,
+    cand_mask: np.ndarray,
+    *,
+    mode: ForwardMode,
+) -> np.ndarray:
+    """``[B, C]`` scores, one call for the batch or one per request (trimmed to its own sizes)."""
+    if mode == "batched" or hist.shape[0] == 1:
+        return np.asarray(scorer.score(hist, hist_mask, cands, cand_mask), dtype=np.float32)
+    out = np.zeros(cand_mask.shape, dtype=np.float32)  # [B, C]
+    hist_len = np.maximum(hist_mask.sum(axis=1), 1)
+    cand_len = cand_mask.sum(axis=1)
+    for b in range(hist.shape[0]):
+        h, c = int(hist_len[b]), int(cand_len[b])
+        out[b, :c] = scorer.score(
+            hist[b : b + 1, :h],
+            hist_mask[b : b + 1, :h],
+            cands[b : b + 1, :c],
+            cand_mask[b : b + 1, :c],
+        )[0]
+    return out
+
+
+class RankService:
+    """Scores micro-batches; keyword-only construction, no I/O of its own beyond its sources."""
+
+    def __init__(
+        self,
+        *,
+        features: FeatureSource,
+        embeddings: EmbeddingSource,
+        serving: Callable[[], Serving | None],
+        breaker: CircuitBreaker,
+        metrics: ScoringMetrics,
+        sequence_length: int,
+        forward_mode: ForwardMode = "batched",
+        log_served: bool = False,
+        recent: RecentIds | None = None,
+        clock_ms: Callable[[], int] = clock.now_ms,
+    ) -> None:
+        self._features = features
+        self._embeddings = embeddings
+        self._serving = serving
+        self._breaker = breaker
+        self._metrics = metrics
+        self._sequence_length = sequence_length
+        self._mode: ForwardMode = forward_mode
+        self._log_served = log_served
+        self._recent = recent
+        self._clock_ms = clock_ms
+
+    # --- the batch --------------------------------------------------------------------------
+
+    async def rank(self, batch: Sequence[Incoming], *, deadlines: Sequence[int]) -> list[Ranked]:
+        """One reply per request, in order. ``deadlines`` are epoch ms per request."""
+        start = time.perf_counter()
+        arrival = self._clock_ms()
+        out: list[Ranked | None] = [None] * len(batch)
+        live: list[int] = []
+        for i, incoming in enumerate(batch):
+            if deadlines[i] <= arrival:
+                out[i] = Ranked(self._result(incoming, (), "", True, replies.EXPIRED, {}))
+            else:
+                live.append(i)
+        if live:
+            for i, ranked in zip(
+                live, await self._rank_live([batch[i] for i in live], start), strict=True
+            ):
+                out[i] = ranked
+        self._metrics.breaker_state.set(int(self._breaker.state))
+        return [r for r in out if r is not None]
+
+    async def _rank_live(self, batch: Sequence[Incoming], start: float) -> list[Ranked]:
+        serving = self._serving()
+        if serving is None:
+            return await self._fallback(batch, replies.NO_MODEL, start)
+        if not self._breaker.allow():
+            return await self._fallback(batch, replies.BREAKER_OPEN, start, try_redis=False)
+        users = [b.request.user_id for b in batch]
+        t0 = time.perf_counter()
+        try:
+            sequences = await self._features.get_sequences(users)
+        except REDIS_FAILURES as exc:
+            return await self._redis_failed(batch, exc, start)
+        t_seq = time.perf_counter() - t0
+        events = [list(sequences.get(u, ()))[-self._sequence_length :] for u in users]
+        groups: dict[str, _Group] = {}
+        for i, version in enumerate(serving.assign(users)):
+            groups.setdefault(version, _Group(version)).members.append(i)
+        scores: list[list[float] | None] = [None] * len(batch)
+        versions: list[str] = [""] * len(batch)
+        t_lookup = t_forward = 0.0
+        try:
+            for group in groups.values():
+                idx = group.members
+                assembled = assemble(
+                    [[e.item_id for e in events[i]] for i in idx],
+                    [batch[i].request.items for i in idx],
+                    max_history=self._sequence_length,
+                )
+                t1 = time.perf_counter()
+                rows = await self._embeddings.lookup(
+                    group.version, keys.ITEM_TABLE, assembled.unique_ids
+                )
+                t2 = time.perf_counter()
+                hist, cands = gather(rows, assembled)
+                probs = forward(
+                    serving.scorers[group.version], hist, assembled.hist_mask, cands,
+                    assembled.cand_mask, mode=self._mode,
+                )  # [B, C]  # fmt: skip
+                t3 = time.perf_counter()
+                t_lookup += t2 - t1
+                t_forward += t3 - t2
+                for i, row in zip(idx, split_scores(probs, assembled), strict=True):
+                    scores[i], versions[i] = row, group.version
+                if self._recent is not None:
+                    self._recent.add(assembled.unique_ids)
+        except REDIS_FAILURES as exc:
+            return await self._redis_failed(batch, exc, start)
+        except StreamrankError as exc:
+            self._breaker.record_success()  # Redis answered: ends a half-open probe
+            logger.error("model version unusable (%s); serving popularity fallback", exc)
+            return await self._fallback(batch, replies.MODEL_UNAVAILABLE, start)
+        except Exception:
+            self._breaker.record_success()  # Redis answered: ends a half-open probe
+            logger.exception(
+                "scoring a batch of %d failed; serving popularity fallback", len(batch)
+            )
+            return await self._fallback(batch, replies.INTERNAL_ERROR, start)
+        self._breaker.record_success()
+        stages = {
+            "sequence_fetch": t_seq * 1000,
+            "embedding_lookup": t_lookup * 1000,
+            "forward": t_forward * 1000,
+        }
+        out = []
+        for i, incoming in enumerate(batch):
+            score_row = scores[i] or []
+            result = self._result(incoming, score_row, versions[i], False, None, stages, start)
+            served = (
+                served_record(incoming.request, versions[i], events[i], score_row, result.served_at)
+                if self._log_served
+                else None
+            )
+            out.append(Ranked(result, served))
+        return out
+
+    # --- degradation ------------------------------------------------------------------------
+
+    async def _redis_failed(
+        self, batch: Sequence[Incoming], exc: BaseException, start: float
+    ) -> list[Ranked]:
+        self._metrics.redis_errors.inc()
+        self._breaker.record_failure()
+        logger.warning(
+            "Redis failed for a batch of %d (%s: %s); degraded replies",
+            len(batch),
+            type(exc).__name__,
+            exc,
+        )
+        return await self._fallback(batch, replies.REDIS_UNAVAILABLE, start)
+
+    async def _fallback(
+        self, batch: Sequence[Incoming], reason: str, start: float, *, try_redis: bool = True
+    ) -> list[Ranked]:
+        """Item popularity from the counters when Redis answers, else a neutral ranking."""
+        popularity: Mapping[str, float] | None = None
+        if try_redis and self._breaker.allow():
+            ids = sorted({i for b in batch for i in b.request.items})
+            try:
+                values = await self._features.item_popularity(ids)
+                popularity = dict(
+                    zip(ids, np.asarray(values, dtype=np.float64).tolist(), strict=True)
+                )
+                self._breaker.record_success()
+            except REDIS_FAILURES as exc:
+                self._metrics.redis_errors.inc()
+                self._breaker.record_failure()
+                logger.warning("popularity fallback failed too (%s); neutral ranking", exc)
+        out = []
+        for incoming in batch:
+            items = incoming.request.items
+            if popularity is None:
+                row = replies.neutral_scores(len(items))
+            else:
+                row = replies.popularity_scores(np.array([popularity[i] for i in items]))
+            out.append(Ranked(self._result(incoming, row.tolist(), "", True, reason, {}, start)))
+        return out
+
+    def _result(
+        self,
+        incoming: Incoming,
+        scores: Sequence[float],
+        version: str,
+        degraded: bool,
+        reason: str | None,
+        stages: Mapping[str, float],
+        start: float | None = None,
+    ) -> RankResult:
+        request = incoming.request
+        served_at = self._clock_ms()
+        timings = {"queue_wait": float(max(0, incoming.received_ms - incoming.produced_ms))}
+        timings.update({k: round(v, 3) for k, v in stages.items()})
+        if start is not None:
+            timings["total"] = round(
+                (time.perf_counter() - start) * 1000 + timings["queue_wait"], 3
+            )
+        if degraded and not scores and request.items:
+            scores = replies.neutral_scores(len(request.items)).tolist()
+        return RankResult(
+            request_id=request.request_id,
+            user_id=request.user_id,
+            items=request.items,
+            scores=tuple(float(s) for s in scores),
+            model_version=version,
+            degraded=degraded,
+            reason=reason,
+            timings_ms=timings,
+            served_at=served_at,
+        )

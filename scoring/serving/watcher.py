@@ -1,0 +1,182 @@
+"""Which model versions serve, and switching between them without a restart.
+
+The watcher polls ``sr:model:active`` and ``sr:model:split`` (one MGET) about once a second.
+When the target changes it loads the scorers of versions it does not hold yet from Redis,
+warms the embedding cache for them with the ids recently served, and only then swaps the one
+:class:`Serving` reference the worker reads at the start of each batch: a batch is scored
+entirely by the state it started with, and no request waits for a load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from scoring.model.canary import Split, assign, parse_split
+from scoring.model.versions import read_pointers
+from scoring.serving.metrics import ScoringMetrics
+from scoring.serving.protocols import EmbeddingSource, Scorer
+from streamrank import keys
+from streamrank.errors import StreamrankError
+
+logger = logging.getLogger(__name__)
+
+Loader = Callable[[str], Awaitable[Scorer] | Scorer]
+
+
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """An immutable serving state: the split and a scorer for each version in it."""
+
+    split: Split
+    scorers: Mapping[str, Scorer]
+    source: str  # "setting", "split" or "pointer": where the split came from
+
+    def assign(self, user_ids: Sequence[str]) -> list[str]:
+        return assign(user_ids, self.split)
+
+
+class RecentIds:
+    """The most recently served item ids (bounded): what a new version's cache is warmed with.
+
+    Only every ``sample_every``-th batch is recorded: a sample of the traffic finds the hot
+    ids just as well, at a fraction of the cost on the hot path."""
+
+    def __init__(self, capacity: int, *, sample_every: int = 8) -> None:
+        self._capacity = capacity
+        self._ids: OrderedDict[str, None] = OrderedDict()
+        self._every = max(1, sample_every)
+        self._calls = 0
+
+    def add(self, ids: Iterable[str]) -> None:
+        self._calls += 1
+        if self._capacity <= 0 or (self._calls - 1) % self._every:
+            return
+        store = self._ids
+        for item_id in ids:
+            store[item_id] = None
+            store.move_to_end(item_id)
+        while len(store) > self._capacity:
+            store.popitem(last=False)
+
+    def newest(self) -> list[str]:
+        return list(reversed(self._ids))
+
+
+def target_split(
+    static: str | None, pointer: str | None, split_text: str | None
+) -> tuple[Split, str] | None:
+    """The split to serve: the setting wins, then ``sr:model:split``, then ``sr:model:active``."""
+    if static:
+        return parse_split(static), "setting"
+    if split_text:
+        return parse_split(split_text), "split"
+    if pointer:
+        return ((pointer, 1.0),), "pointer"
+    return None
+
+
+class VersionWatcher:
+    """Keeps :attr:`current` in line with the pointers in Redis."""
+
+    def __init__(
+        self,
+        *,
+        redis: aioredis.Redis,
+        loader: Loader,
+        embeddings: EmbeddingSource,
+        metrics: ScoringMetrics,
+        static_split: str | None = None,
+        recent: RecentIds | None = None,
+        warm_top_k: int = 10_000,
+        poll_s: float = 1.0,
+    ) -> None:
+        self._redis = redis
+        self._loader = loader
+        self._embeddings = embeddings
+        self._metrics = metrics
+        self._static = static_split
+        self.recent = recent if recent is not None else RecentIds(warm_top_k)
+        self._warm_top_k = warm_top_k
+        self._poll_s = poll_s
+        self.current: Serving | None = None
+        self._failed: dict[tuple[tuple[str, float], ...], str] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def _read_pointers(self) -> tuple[str | None, str | None]:
+        return await read_pointers(self._redis)
+
+    async def _load(self, version: str) -> Scorer:
+        scorer = self._loader(version)
+        if inspect.isawaitable(scorer):
+            scorer = await scorer
+        return scorer
+
+    async def refresh(self) -> bool:
+        """One poll; returns True when the serving state changed. Raises on Redis errors."""
+        pointer, split_text = (None, None) if self._static else await self._read_pointers()
+        target = target_split(self._static, pointer, split_text)
+        if target is None:
+            return False
+        split, source = target
+        if self.current is not None and self.current.split == split:
+            return False
+        held = self.current.scorers if self.current is not None else {}
+        scorers: dict[str, Scorer] = {}
+        try:
+            for version, _ in split:
+                scorers[version] = held[version] if version in held else await self._load(version)
+            warm_ids = self.recent.newest()[: self._warm_top_k]
+            for version in scorers:
+                if version not in held and warm_ids:
+                    await self._embeddings.warm(version, keys.ITEM_TABLE, warm_ids)
+        except StreamrankError as exc:
+            if self._failed.get(split) != str(exc):
+                logger.error(
+                    "cannot switch to %s: %s; still serving %s", split, exc, self.describe()
+                )
+                self._failed[split] = str(exc)
+            return False
+        previous = self.describe()
+        self.current = Serving(split=split, scorers=scorers, source=source)
+        self._failed.pop(split, None)
+        self._metrics.set_split(split)
+        self._metrics.version_switches.inc()
+        logger.info("serving %s (from %s); was %s", self.describe(), source, previous)
+        return True
+
+    def describe(self) -> str:
+        if self.current is None:
+            return "nothing"
+        return ",".join(f"{v}:{w:g}" for v, w in self.current.split)
+
+    async def run(self) -> None:
+        """Poll until cancelled; Redis errors are logged and retried at the next poll."""
+        while True:
+            try:
+                await self.refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.warning(
+                    "model pointer poll failed (%s); retrying in %.1fs", exc, self._poll_s
+                )
+            await asyncio.sleep(self._poll_s)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self.run(), name="scoring-version-watcher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

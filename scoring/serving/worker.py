@@ -1,0 +1,443 @@
+"""``streamrank worker scoring``: the Kafka shell around :class:`scoring.serving.service.RankService`.
+
+A consumer group on ``rank-requests`` (aiokafka: it gives direct control of micro-batching
+and of when offsets are committed). Per micro-batch: decode (bad input -> dead letters plus an
+error reply when the request_id can be read), rank, produce every reply, await the broker's
+acknowledgements, then commit. If producing fails, the consumer seeks back to the batch start,
+so a request is answered at least once (clients drop duplicate replies).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from prometheus_client import CollectorRegistry
+
+from schemas import (
+    DeadLetter,
+    Limits,
+    RankRequest,
+    RankResult,
+    decode_request,
+    peek_field,
+    peek_request_id,
+)
+from scoring.serving import replies
+from scoring.serving.breaker import CircuitBreaker
+from scoring.serving.metrics import ScoringMetrics
+from scoring.serving.offsets import OffsetBook, first_offsets, rewind_targets
+from scoring.serving.protocols import EmbeddingSource, FeatureSource
+from scoring.serving.service import Incoming, Ranked, RankService
+from scoring.serving.watcher import Loader, RecentIds, VersionWatcher
+from streamrank import clock, kafka
+from streamrank.errors import UNDECODABLE_BATCH, ContractError, KafkaUnavailable, internal_error
+from streamrank.kafka_guard import UndecodableBatch
+from streamrank.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Outgoing:
+    topic: str
+    key: bytes
+    value: bytes
+
+
+@dataclass(slots=True)
+class _Triage:
+    """One batch after decoding: requests to rank (with their reply topics and deadlines) and
+    what is answered without ranking."""
+
+    valid: list[Incoming] = field(default_factory=list)
+    topics: list[str] = field(default_factory=list)
+    deadlines: list[int] = field(default_factory=list)
+    outgoing: list[_Outgoing] = field(default_factory=list)
+
+
+def configure_torch(settings: Settings) -> None:
+    """Torch thread pools from the settings (inter-op can only be set once per process)."""
+    import torch
+
+    torch.set_num_threads(settings.torch_threads)
+    with contextlib.suppress(RuntimeError):
+        torch.set_num_interop_threads(settings.torch_interop_threads)
+
+
+def real_dependencies(
+    settings: Settings, redis: aioredis.Redis, registry: CollectorRegistry
+) -> tuple[FeatureSource, EmbeddingSource, Loader]:
+    """The production feature reader, cached embedding store and DIN scorer loader."""
+    from scoring.embeddings.cache import CachedEmbeddings
+    from scoring.embeddings.store import EmbeddingStore
+    from scoring.model.registry import load_scorer_from_redis
+    from streams.reader import FeatureReader
+
+    features = FeatureReader(redis=redis, settings=settings)
+    embeddings = CachedEmbeddings.from_settings(
+        store=EmbeddingStore(redis=redis), settings=settings, registry=registry
+    )
+
+    async def loader(version: str) -> Any:
+        scorer, _config = await load_scorer_from_redis(redis, version)
+        return scorer
+
+    return features, embeddings, loader
+
+
+class ScoringWorker:
+    """Consume rank requests, reply with scores; ``async with`` or ``start``/``run``/``stop``."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        registry: CollectorRegistry | None = None,
+        features: FeatureSource | None = None,
+        embeddings: EmbeddingSource | None = None,
+        loader: Loader | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = ScoringMetrics(registry)
+        self._group_id = settings.scoring_group_id
+        self._limits = Limits.from_settings(settings)
+        self._injected = (features, embeddings, loader)
+        self._redis: aioredis.Redis | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self.watcher: VersionWatcher | None = None
+        self.service: RankService | None = None
+        self._stopping = asyncio.Event()
+        self._offsets = OffsetBook(commit_interval_s=settings.scoring_commit_interval_ms / 1000)
+        self.batches = 0
+
+    @property
+    def rewinds(self) -> int:
+        """How many times a failed batch rewound the consumer (a batch fetched before the
+        latest rewind does not commit)."""
+        return self._offsets.rewinds
+
+    async def start(self) -> None:
+        s = self.settings
+        configure_torch(s)
+        self._redis = aioredis.from_url(s.redis_dsn, **s.redis_client_kwargs())
+        features, embeddings, loader = self._injected
+        if features is None or embeddings is None or loader is None:
+            features, embeddings, loader = real_dependencies(s, self._redis, self.metrics.registry)
+        breaker = CircuitBreaker(failures=s.breaker_failures, cooldown_s=s.breaker_cooldown_s)
+        recent = RecentIds(s.cache_warm_top_k)
+        self.watcher = VersionWatcher(
+            redis=self._redis,
+            loader=loader,
+            embeddings=embeddings,
+            metrics=self.metrics,
+            static_split=s.canary_split,
+            recent=recent,
+            warm_top_k=s.cache_warm_top_k,
+            poll_s=s.scoring_poll_s,
+        )
+        watcher = self.watcher
+        self.service = RankService(
+            features=features,
+            embeddings=embeddings,
+            serving=lambda: watcher.current,
+            breaker=breaker,
+            metrics=self.metrics,
+            sequence_length=s.sequence_length,
+            forward_mode=s.scoring_forward,
+            log_served=s.served_log_topic is not None,
+            recent=recent,
+        )
+        try:
+            await self.watcher.refresh()
+        except Exception as exc:  # Redis down at start: serve degraded until it answers
+            logger.warning("could not read the model pointer at start (%s); will retry", exc)
+        self.watcher.start()
+        self._producer = kafka.producer(s, acks="all", linger_ms=1)
+        self._consumer = kafka.consumer(
+            s,
+            s.topic_requests,
+            group_id=self._group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=s.scoring_batch_max,
+            fetch_max_wait_ms=s.scoring_fetch_wait_ms,
+        )
+        try:
+            await self._producer.start()
+            await self._consumer.start()
+        except KafkaError as exc:
+            await self.stop()
+            raise KafkaUnavailable(
+                f"cannot reach Kafka at {s.kafka_bootstrap}: {exc}; is the stack up?"
+            ) from exc
+        logger.info(
+            "scoring worker consuming %s as group %s (isolation_level %s, replies compressed "
+            "with %s); serving %s",
+            s.topic_requests,
+            self._group_id,
+            self._consumer._isolation_level,
+            s.kafka_compression,
+            self.watcher.describe(),
+        )
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        if self.watcher is not None:
+            await self.watcher.stop()
+        with contextlib.suppress(Exception):  # what was answered is not asked again
+            await self.commit_answered()
+        for client in (self._consumer, self._producer):
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await client.stop()
+        if self._redis is not None:
+            await self._redis.aclose()
+        self._consumer = self._producer = self._redis = None
+
+    async def __aenter__(self) -> ScoringWorker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    async def _next_batch(self) -> list[ConsumerRecord[Any, Any]]:
+        """Up to ``scoring_batch_max`` records: the first wait is open-ended (200 ms polls),
+        then more are gathered for at most ``scoring_batch_wait_ms``."""
+        assert self._consumer is not None
+        s = self.settings
+        got = await self._consumer.getmany(timeout_ms=200, max_records=s.scoring_batch_max)
+        records = [r for part in got.values() for r in part]
+        if not records or s.scoring_batch_wait_ms <= 0:
+            return records
+        deadline = time.monotonic() + s.scoring_batch_wait_ms / 1000
+        while len(records) < s.scoring_batch_max:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                break
+            more = await self._consumer.getmany(
+                timeout_ms=left_ms, max_records=s.scoring_batch_max - len(records)
+            )
+            records.extend(r for part in more.values() for r in part)
+        return records
+
+    async def run(self) -> None:
+        """Consume until :meth:`request_stop` (or cancellation).
+
+        Up to ``scoring_pipeline_depth`` micro-batches are in flight, so one batch's compute
+        overlaps the other's waits (Redis round trips, the broker's acks, the commit). All
+        compute stays on the event loop thread: a forward on a second thread measured slower
+        (it waits for the GIL between torch ops). Offsets are still committed in order: a batch
+        commits only after the one before it did.
+        """
+        inflight: collections.deque[asyncio.Task[bool]] = collections.deque()
+        try:
+            while not self._stopping.is_set():
+                while inflight and inflight[0].done():
+                    inflight.popleft().result()
+                if len(inflight) >= self.settings.scoring_pipeline_depth:
+                    await asyncio.wait({inflight[0]})
+                    continue
+                rewinds = self._offsets.rewinds
+                records = await self._next_batch()
+                if records:
+                    previous = inflight[-1] if inflight else None
+                    inflight.append(
+                        asyncio.create_task(self.process(records, after=previous, rewinds=rewinds))
+                    )
+            while inflight:
+                await inflight.popleft()
+            await self.commit_answered()
+        finally:
+            for task in inflight:
+                task.cancel()
+
+    async def process(
+        self,
+        records: Sequence[ConsumerRecord[Any, Any]],
+        *,
+        after: asyncio.Task[bool] | None = None,
+        rewinds: int | None = None,
+    ) -> bool:
+        """Answer one batch of records, then (once ``after``, the batch before, committed)
+        commit their offsets. False when the batch was rewound to be answered again."""
+        assert (
+            self.service is not None and self._producer is not None and self._consumer is not None
+        )
+        fetched_at = self._offsets.rewinds if rewinds is None else rewinds
+        triage = self._triage(records, received=clock.now_ms())
+        ranked = (
+            await self.service.rank(triage.valid, deadlines=triage.deadlines)
+            if triage.valid
+            else []
+        )
+        outgoing = triage.outgoing + self._replies(triage.topics, ranked)
+        produced = await self._produce(outgoing, records)
+        if after is not None:
+            await after  # offsets are committed in order
+        if not produced or self._offsets.rewinds != fetched_at:
+            # Rewound since these were fetched: they come again. A batch fetched after the
+            # rewind commits normally (keying on the batch before's result stopped every
+            # later commit after one failed produce).
+            return False
+        acked = clock.now_ms()
+        for incoming in triage.valid:
+            self.metrics.latency.observe(max(0.0, acked - incoming.produced_ms) / 1000.0)
+        self.metrics.batch_size.observe(len(records))
+        await self._commit(records)
+        self.batches += 1
+        return True
+
+    def _triage(self, records: Sequence[ConsumerRecord[Any, Any]], *, received: int) -> _Triage:
+        """Decode each record: a valid request is to be ranked; anything else is answered now
+        (an error reply, a dead letter)."""
+        s = self.settings
+        out = _Triage()
+        for record in records:
+            try:
+                request = self._decode(record)
+                topic = replies.reply_topic(
+                    request.reply_to, default=s.topic_results, allowed=s.reply_topics_allowed
+                )
+                if topic is None:
+                    detail = f"reply_to {request.reply_to!r} is not in reply_topics_allowed"
+                    result = replies.error_reply(
+                        request.request_id,
+                        request.user_id,
+                        replies.REPLY_TO_NOT_ALLOWED,
+                        detail,
+                        now_ms=received,
+                    )
+                    out.outgoing.append(self._reply(s.topic_results, result))
+                    continue
+                deadline = replies.deadline_ms(
+                    request, produced_ms=int(record.timestamp), budget_ms=s.scoring_budget_ms
+                )
+            except Exception as exc:
+                # A contract breach, or a bug of ours on input nobody foresaw: only this record
+                # is dead-lettered (and answered with an error when its request_id is readable).
+                error = exc if isinstance(exc, ContractError) else internal_error(exc)
+                out.outgoing.extend(self._reject(record, error, received))
+                continue
+            out.valid.append(Incoming(request, int(record.timestamp), received))
+            out.topics.append(topic)
+            out.deadlines.append(deadline)
+        return out
+
+    def _replies(self, topics: Sequence[str], ranked: Sequence[Ranked]) -> list[_Outgoing]:
+        """The replies of ranked requests, and their served-log records when logging."""
+        log_topic = self.settings.served_log_topic
+        out: list[_Outgoing] = []
+        for topic, item in zip(topics, ranked, strict=True):
+            out.append(self._reply(topic, item.result))
+            if item.served is not None and log_topic:
+                key = item.result.request_id.encode()
+                out.append(_Outgoing(log_topic, key, orjson.dumps(item.served)))
+        return out
+
+    def _decode(self, record: ConsumerRecord[Any, Any]) -> RankRequest:
+        if isinstance(record.value, UndecodableBatch):
+            marker = record.value
+            self.metrics.skipped_requests.inc(marker.last_offset - marker.first_offset + 1)
+            raise ContractError(
+                marker.describe(record.topic, record.partition), reason=UNDECODABLE_BATCH
+            )
+        return decode_request(record.value, self._limits)
+
+    def _reply(self, topic: str, result: RankResult) -> _Outgoing:
+        error = replies.is_error_reply(result)
+        self.metrics.observe_reply(degraded=result.degraded, reason=result.reason, error=error)
+        if not error:
+            self.metrics.observe_stages(result.timings_ms)
+        return _Outgoing(topic, result.request_id.encode(), result.to_json())
+
+    def _reject(
+        self, record: ConsumerRecord[Any, Any], exc: ContractError, at: int
+    ) -> list[_Outgoing]:
+        """A dead letter with the reason, and an error reply when the request_id is readable."""
+        s = self.settings
+        self.metrics.dead_letters.labels(exc.reason).inc()
+        logger.info(
+            "dead-lettering %s[%s]@%s: %s", record.topic, record.partition, record.offset, exc
+        )
+        letter = DeadLetter.rejected(record, exc, at=at)
+        out = [_Outgoing(s.topic_dead_letters, record.key or b"", letter.to_json())]
+        if exc.reason == UNDECODABLE_BATCH:
+            return out  # no request in it can be read, so no one to answer
+        request_id = peek_request_id(record.value)
+        if request_id is not None:
+            result = replies.error_reply(
+                request_id, "", replies.INVALID_REQUEST, f"{exc.reason}: {exc}", now_ms=at
+            )
+            # The caller listens where it asked to be answered, when that topic is allowed.
+            topic = replies.reply_topic(
+                peek_field(record.value, "reply_to"),
+                default=s.topic_results,
+                allowed=s.reply_topics_allowed,
+            )
+            out.append(self._reply(topic or s.topic_results, result))
+        return out
+
+    async def _produce(
+        self, outgoing: Sequence[_Outgoing], records: Sequence[ConsumerRecord[Any, Any]]
+    ) -> bool:
+        """Send everything and await the acknowledgements; on failure rewind the batch."""
+        assert self._producer is not None and self._consumer is not None
+        try:
+            futures = [await self._producer.send(o.topic, o.value, key=o.key) for o in outgoing]
+            await asyncio.gather(*futures)
+            return True
+        except KafkaError as exc:
+            logger.error(
+                "producing %d replies failed (%s); rewinding the batch to answer it again",
+                len(outgoing),
+                exc,
+            )
+            self._offsets.rewound()
+            first = first_offsets(records)
+            positions: dict[TopicPartition, int] = {}
+            for tp in first:
+                # revoked: its new owner resumes from the last commit, before these records
+                with contextlib.suppress(IllegalStateError):
+                    positions[tp] = await self._consumer.position(tp)
+            for tp, offset in rewind_targets(first, positions).items():
+                self._consumer.seek(tp, offset)
+            await asyncio.sleep(0.5)
+            return False
+
+    async def _commit(self, records: Sequence[ConsumerRecord[Any, Any]]) -> None:
+        """Mark a batch answered; commit what is answered when a commit is due."""
+        self._offsets.answered(records)
+        if self._offsets.due():
+            await self.commit_answered()
+
+    async def commit_answered(self) -> None:
+        """Commit the offsets of every batch answered so far."""
+        if self._consumer is None:
+            return
+        offsets = self._offsets.take()
+        if not offsets:
+            return
+        try:
+            await self._consumer.commit(offsets)
+        except (CommitFailedError, KafkaError) as exc:
+            # The replies are out; a rebalance means another member may answer these again,
+            # which clients tolerate (duplicates are dropped).
+            logger.warning("offset commit failed (%s); some requests may be answered twice", exc)

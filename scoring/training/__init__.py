@@ -1,0 +1,1 @@
+"""Offline: MovieLens and synthetic data, training, and evaluation (AUC/GAUC)."""

@@ -1,0 +1,85 @@
+"""``streamrank bench NAME``: benchmarks that print JSON and measure their baseline in the same
+run. Each lives in :mod:`streamrank.bench` and exposes ``add_arguments(parser)`` and
+``run(args, settings) -> dict``; this module only dispatches (a benchmark is imported when it
+runs, so ``streamrank`` starts without torch)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from streamrank.cli.common import print_json
+from streamrank.settings import Settings
+
+
+def _streams() -> ModuleType:
+    from streamrank.bench import streams
+
+    return streams
+
+
+def _embeddings() -> ModuleType:
+    from streamrank.bench import embeddings
+
+    return embeddings
+
+
+def _scoring() -> ModuleType:
+    from streamrank.bench import scoring
+
+    return scoring
+
+
+def _model() -> ModuleType:
+    from streamrank.bench import model
+
+    return model
+
+
+def _codecs() -> ModuleType:
+    from streamrank.bench import codecs
+
+    return codecs
+
+
+BENCHMARKS: dict[str, tuple[Callable[[], ModuleType], str]] = {
+    "streams": (_streams, "feature worker throughput and click-to-visible latency"),
+    "embeddings": (_embeddings, "embedding store memory, cache hit rates, lookup latency"),
+    "scoring": (_scoring, "end-to-end ranking throughput and latency"),
+    "model": (_model, "DIN forward throughput: straightforward vs serving split"),
+    "codecs": (_codecs, "bytes and CPU of each producer compression codec"),
+}
+
+
+def bench_parser(name: str) -> argparse.ArgumentParser:
+    """The full argument parser of one benchmark (imports its module)."""
+    load, help_text = BENCHMARKS[name]
+    parser = argparse.ArgumentParser(prog=f"streamrank bench {name}", description=help_text)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    load().add_arguments(parser)
+    return parser
+
+
+def _run(args: argparse.Namespace, settings: Settings) -> int:
+    bench_args = bench_parser(args.bench).parse_args(args.bench_args)
+    result = BENCHMARKS[args.bench][0]().run(bench_args, settings)
+    if bench_args.json:
+        print_json(result)
+    else:
+        for key, value in result.items():
+            print(f"{key}: {value}")
+    return 0
+
+
+def register(sub: Any) -> None:
+    bench = sub.add_parser("bench", help="run a benchmark and print its figures")
+    names = bench.add_subparsers(dest="bench", metavar="NAME")
+    names.required = True
+    for name, (_load, help_text) in BENCHMARKS.items():
+        # The benchmark's own options are parsed only when it runs, so `streamrank` starts
+        # without importing every benchmark (and torch); `bench NAME --help` shows them.
+        parser = names.add_parser(name, help=help_text, add_help=False, prefix_chars="\0")
+        parser.add_argument("bench_args", nargs=argparse.REMAINDER)
+        parser.set_defaults(func=_run)

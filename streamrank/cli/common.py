@@ -1,0 +1,77 @@
+"""What every command module shares: JSON output, running coroutines, the ``worker KIND``
+subparsers, and settings from flags."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from streamrank.settings import Settings
+
+logger = logging.getLogger("streamrank")
+
+Handler = Callable[[argparse.Namespace, Settings], int]
+
+
+def print_json(value: Any) -> None:
+    """Write one JSON document to stdout."""
+    sys.stdout.write(
+        orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode()
+    )
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+
+
+def worker_kinds(sub: Any) -> Any:
+    """The subparsers of ``streamrank worker KIND``, shared by the areas that add a worker kind."""
+    worker = sub.choices.get("worker")
+    if worker is None:
+        worker = sub.add_parser("worker", help="run a worker process (features, scoring)")
+        kinds = worker.add_subparsers(dest="worker_kind", metavar="KIND")
+        kinds.required = True
+        worker.kinds = kinds
+    return worker.kinds
+
+
+def run_async(coro: Any) -> Any:
+    """Run a coroutine to completion; Ctrl-C cancels it cleanly."""
+    return asyncio.run(coro)
+
+
+def run_until_signalled(coro: Any) -> Any:
+    """Run a long-lived coroutine; SIGINT (Ctrl-C) or SIGTERM cancel it, so its ``finally``
+    blocks stop what it started. Explicit handlers, because a process started in the background
+    inherits an ignored SIGINT and would never see Ctrl-C as KeyboardInterrupt."""
+
+    async def main() -> Any:
+        task = asyncio.ensure_future(coro)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            logger.info("stopped by signal")
+            return None
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    return asyncio.run(main())
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Settings from the environment, overridden by the flags that map onto settings."""
+    overrides = {k: v for k, v in getattr(args, "settings_overrides", {}).items() if v is not None}
+    for flag, field in getattr(args, "setting_flags", {}).items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides[field] = value
+    return Settings(**overrides)

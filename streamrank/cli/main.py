@@ -1,0 +1,99 @@
+"""The ``streamrank`` entry point: every command group is registered here, explicitly.
+
+Each command module defines ``register(subparsers)``; handlers take ``(args, settings)`` and
+return an exit code. Command modules import what they drive inside their handlers, so
+``streamrank --help`` (or ``lag``) does not pay for torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+import aiokafka.errors
+
+from streamrank import __version__
+from streamrank.cli import (
+    bench,
+    demo,
+    embeddings,
+    features,
+    lag,
+    model,
+    replay,
+    scoring,
+    settings,
+    stack,
+)
+from streamrank.cli.common import Handler, settings_from_args
+from streamrank.errors import StreamrankError, one_line
+from streamrank.redis_errors import TRANSIENT as REDIS_TRANSIENT
+
+logger = logging.getLogger("streamrank")
+
+COMMANDS = (stack, demo, bench, settings, lag, embeddings, features, model, scoring, replay)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="streamrank",
+        description="Real-time feature and scoring engine for recommendation ranking.",
+    )
+    parser.add_argument("--version", action="version", version=f"streamrank {__version__}")
+    parser.add_argument(
+        "--log-level", default=None, help="DEBUG, INFO, WARNING (default: settings)"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for command in COMMANDS:
+        command.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = settings_from_args(args)
+    except ValueError as exc:
+        print(f"streamrank: invalid settings: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=(args.log_level or config.log_level).upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    handler: Handler = args.func
+    try:
+        return handler(args, config)
+    except StreamrankError as exc:
+        print(f"streamrank: {exc}", file=sys.stderr)
+        return 1
+    except REDIS_TRANSIENT as exc:
+        print(
+            f"streamrank: cannot reach Redis ({exc}); is the stack up (`streamrank stack up`) "
+            "or STREAMRANK_REDIS_URL right?",
+            file=sys.stderr,
+        )
+        return 1
+    except aiokafka.errors.KafkaConnectionError as exc:
+        print(
+            f"streamrank: cannot reach Kafka at {config.kafka_bootstrap} ({exc}); is the stack "
+            "up (`streamrank stack up`) or STREAMRANK_KAFKA_BOOTSTRAP right?",
+            file=sys.stderr,
+        )
+        return 1
+    except KeyboardInterrupt:
+        print("streamrank: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        # A bug of ours: the traceback for whoever fixes it, then one line saying why.
+        logger.error("%s failed", args.command, exc_info=True)
+        print(f"streamrank: {args.command} stopped: {one_line(exc)}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

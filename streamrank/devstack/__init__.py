@@ -1,0 +1,1 @@
+"""The embedded development stack (Tansu + Redis) and the one way to start child processes."""

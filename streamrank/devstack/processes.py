@@ -1,0 +1,155 @@
+"""The one way streamrank starts child processes: the embedded stack's services and private
+Redis servers (:mod:`streamrank.devstack.stack`), and workers (for the demo, replay, benchmarks
+and tests).
+
+:func:`start_child` is the only ``Popen`` of the project: output to a log file (or inherited),
+stdin closed, an environment of our choosing. :class:`ChildProcess` stops what it started:
+SIGTERM, then SIGKILL after a timeout, and always reaps the child.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from streamrank.errors import StackError, StreamrankError
+from streamrank.settings import Settings
+
+SCORING_READY = "scoring worker consuming"  # logged by ScoringWorker.start once it consumes
+FEATURES_READY = "Worker ready"  # logged by Faust once the features worker is assigned
+READY = {"features": FEATURES_READY, "scoring": SCORING_READY}
+
+
+@dataclass
+class ChildProcess:
+    """A child process we started, and where its output goes."""
+
+    process: subprocess.Popen[bytes]
+    log_path: Path | None
+    what: str
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_text(self) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return self.log_path.read_text(errors="replace")
+
+    def wait_logged(self, marker: str, *, timeout_s: float) -> None:
+        """Wait until the log shows ``marker``; a clear error if the child exits or stays silent."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if marker in self.log_text():
+                return
+            if not self.alive():
+                raise StreamrankError(
+                    f"the {self.what} (pid {self.pid}) exited during start-up; its log "
+                    f"{self.log_path} ends with:\n{self.log_text()[-3000:]}"
+                )
+            time.sleep(0.1)
+        raise StreamrankError(
+            f"the {self.what} (pid {self.pid}) was not ready after {timeout_s:.0f}s; "
+            f"see {self.log_path}"
+        )
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, nothing is flushed or committed."""
+        if self.alive():
+            self.process.kill()
+        self.process.wait(10)
+
+    def stop(self, timeout_s: float = 15.0) -> int:
+        """SIGTERM, then SIGKILL after ``timeout_s``; returns the exit code."""
+        if self.alive():
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        return int(self.process.returncode)
+
+
+@dataclass
+class WorkerProcess(ChildProcess):
+    """A ``streamrank worker KIND`` child process."""
+
+    kind: str = "features"
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Until the worker consumes (features: joined its group and got partitions)."""
+        self.wait_logged(READY[self.kind], timeout_s=timeout_s)
+
+
+def start_child(
+    argv: Sequence[str],
+    *,
+    what: str,
+    log_path: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    new_session: bool = False,
+) -> ChildProcess:
+    """Start ``argv``; its output is appended to ``log_path`` (inherited when None).
+    ``new_session``: the child outlives us and our terminal's Ctrl-C (the embedded stack)."""
+    log = None
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = log_path.open("ab")
+    try:
+        process = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT if log is not None else None,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            start_new_session=new_session,
+        )
+    except OSError as exc:
+        raise StackError(f"could not start the {what} ({argv[0]}): {exc}") from exc
+    finally:
+        if log is not None:
+            log.close()  # the child holds its own descriptor
+    return ChildProcess(process, log_path, what)
+
+
+def worker_env(settings: Settings, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without STREAMRANK_* variables, plus every field of
+    ``settings`` (and ``extra``): what a worker child reads its settings from."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRANK_")}
+    env.update(settings.as_env())
+    if settings.log_level.upper() not in ("DEBUG", "INFO"):
+        env["STREAMRANK_LOG_LEVEL"] = "INFO"  # the ready markers are INFO lines
+    env.update(extra or {})
+    return env
+
+
+def start_worker(
+    kind: str,
+    settings: Settings,
+    *,
+    log_path: Path,
+    metrics_port: int | None = 0,
+    extra_env: Mapping[str, str] | None = None,
+) -> WorkerProcess:
+    """Start ``streamrank worker KIND`` (features or scoring) with every field of ``settings``
+    handed over through the environment; ``metrics_port`` None leaves it to the settings."""
+    argv = [sys.executable, "-m", "streamrank.cli", "worker", kind]
+    if metrics_port is not None:
+        argv += ["--metrics-port", str(metrics_port)]
+    child = start_child(
+        argv, what=f"{kind} worker", log_path=log_path, env=worker_env(settings, extra_env)
+    )
+    return WorkerProcess(child.process, child.log_path, child.what, kind=kind)

@@ -1,0 +1,96 @@
+"""`streamrank demo` as `make demo` runs it: it starts its own stack, trains a small model, runs
+both workers, prints a user's sequence filling up and ranked replies, and Ctrl-C stops
+everything it started (workers first, then the stack)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from streamrank.devstack.stack import free_port, port_in_use
+
+pytestmark = pytest.mark.timeout(150)
+
+FEATURES = re.compile(r"^features: user (\S+) has (\d+) events in its sequence")
+RANK = re.compile(r"^rank: user (\S+) -> model (\S+), degraded=(True|False)")
+TOP = re.compile(r"^  1\. (0\.\d{4})  (\S+)")
+PID = re.compile(r"^demo: (features|scoring) worker pid (\d+) ready")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_demo_shows_the_pipeline_and_ctrl_c_stops_everything_it_started(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRANK_")}
+    kafka_port, redis_port = free_port(), free_port()
+    env.update(
+        STREAMRANK_RUN_DIR=str(tmp_path / "run"),
+        STREAMRANK_STACK_KAFKA_PORT=str(kafka_port),
+        STREAMRANK_STACK_REDIS_PORT=str(redis_port),
+        STREAMRANK_DATA_DIR=str(tmp_path / "no-data"),  # -> the synthetic model (seconds)
+        STREAMRANK_ARTIFACTS_DIR=str(tmp_path / "artifacts"),
+        STREAMRANK_METRICS_PORT="0",
+        STREAMRANK_SCORING_BUDGET_MS="5000",  # a loaded CI host must not turn replies degraded
+        PYTHONUNBUFFERED="1",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamrank.cli", "demo", "--every", "1", "--no-progress"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    lengths: list[int] = []
+    ranked: list[tuple[str, str]] = []
+    pids: dict[str, int] = {}
+    deadline = time.monotonic() + 110
+    try:
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if m := PID.match(line):
+                pids[m[1]] = int(m[2])
+            if m := FEATURES.match(line):
+                lengths.append(int(m[2]))
+            if (m := RANK.match(line)) and m[3] == "False":
+                ranked.append((m[1], m[2]))
+            if len(set(lengths) - {0}) >= 2 and ranked and TOP.match(line):
+                break
+        text = "".join(lines)
+        assert "demo: model: training DIN on synthetic" in text, text
+        assert re.search(r"demo: model din-\S+: published \(int8 item table", text), text
+        assert set(pids) == {"features", "scoring"}, text
+        # the watched user's sequence fills up as clicks flow through the features worker
+        grown = [n for n in lengths if n > 0]
+        assert len(set(grown)) >= 2 and grown == sorted(grown), text
+        # ranked replies from the published model, not degraded, with a top item and its score
+        version = re.search(r"demo: model (din-\S+):", text)
+        assert version and ranked and ranked[-1][1] == version[1], text
+        assert TOP.match(lines[-1]), text
+        assert port_in_use(kafka_port) and port_in_use(redis_port)
+        assert all(_alive(pid) for pid in pids.values())
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, "".join(lines) + out
+    assert "demo: stopped the scoring and features workers (exit codes 0, 0)" in out, out
+    assert "demo: stopped kafka, redis" in out
+    assert out.index("stopped the scoring") < out.index("stopped kafka, redis")
+    assert not port_in_use(kafka_port) and not port_in_use(redis_port)
+    assert not any(_alive(pid) for pid in pids.values())

@@ -1,0 +1,157 @@
+"""`streamrank stack` and `streamrank topics` as a user runs them, on real processes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+
+from streamrank.devstack.stack import free_port
+from streamrank.settings import Settings
+from streamrank.topics import create_topics
+
+
+def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "streamrank.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+
+
+@pytest.fixture
+def private_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRANK_")}
+    env.update(
+        STREAMRANK_RUN_DIR=str(tmp_path / "run"),
+        STREAMRANK_STACK_KAFKA_PORT=str(free_port()),
+        STREAMRANK_STACK_REDIS_PORT=str(free_port()),
+    )
+    yield env
+    cli("stack", "down", env=env)
+
+
+def test_up_is_idempotent_status_reports_and_down_stops_only_its_own(
+    private_env: dict[str, str],
+) -> None:
+    first = cli("stack", "up", env=private_env)
+    assert first.returncode == 0, first.stderr
+    run_dir = Path(private_env["STREAMRANK_RUN_DIR"])
+    pids = {name: (run_dir / f"{name}.pid").read_text().strip() for name in ("kafka", "redis")}
+
+    again = cli("stack", "up", env=private_env)
+    assert again.returncode == 0, again.stderr
+    assert "already running" in again.stderr
+    assert {n: (run_dir / f"{n}.pid").read_text().strip() for n in pids} == pids
+
+    status = cli("stack", "status", "--json", env=private_env)
+    assert status.returncode == 0
+    kafka_port = private_env["STREAMRANK_STACK_KAFKA_PORT"]
+    redis_port = private_env["STREAMRANK_STACK_REDIS_PORT"]
+    assert orjson.loads(status.stdout) == {
+        "kafka": {"bootstrap": f"127.0.0.1:{kafka_port}", "up": True},
+        "redis": {"url": f"redis://127.0.0.1:{redis_port}/0", "up": True},
+    }
+
+    down = cli("stack", "down", "--json", env=private_env)
+    assert orjson.loads(down.stdout) == {"stopped": ["kafka", "redis"]}
+    for pid in pids.values():
+        assert (
+            not Path(f"/proc/{pid}").exists()
+            or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+        )
+    after = cli("stack", "status", "--json", env=private_env)
+    assert after.returncode == 3
+    assert orjson.loads(after.stdout)["kafka"]["up"] is False
+    # A second down finds nothing of its own to stop, and says so.
+    assert "nothing was running" in cli("stack", "down", env=private_env).stdout
+
+
+def test_port_already_taken_is_a_clear_error(private_env: dict[str, str]) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        private_env["STREAMRANK_STACK_REDIS_PORT"] = str(squatter.getsockname()[1])
+        result = cli("stack", "up", env=private_env)
+    assert result.returncode == 1
+    assert "already in use" in result.stderr and "STREAMRANK_STACK_REDIS_PORT" in result.stderr
+
+
+def test_stale_pid_file_is_reported_and_recovered(private_env: dict[str, str]) -> None:
+    run_dir = Path(private_env["STREAMRANK_RUN_DIR"])
+    run_dir.mkdir(parents=True)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (run_dir / "redis.pid").write_text(f"{dead.pid}\n")
+    result = cli("stack", "up", env=private_env)
+    assert result.returncode == 0, result.stderr
+    assert "stale pid file" in result.stderr
+
+
+def test_pid_file_naming_a_foreign_process_is_refused(private_env: dict[str, str]) -> None:
+    run_dir = Path(private_env["STREAMRANK_RUN_DIR"])
+    run_dir.mkdir(parents=True)
+    (run_dir / "kafka.pid").write_text(f"{os.getpid()}\n")  # this pytest process: not a broker
+    result = cli("stack", "up", env=private_env)
+    assert result.returncode == 1
+    assert "not the embedded kafka" in result.stderr and "delete it" in result.stderr
+    assert Path(f"/proc/{os.getpid()}").exists()
+
+
+async def test_topics_create_is_idempotent(make_settings: Callable[..., Settings]) -> None:
+    settings = make_settings()
+    first = await create_topics(settings, partitions=3)
+    assert set(first.values()) == {"created"} and set(first) == set(settings.all_topics())
+    second = await create_topics(settings, partitions=3)
+    assert set(second.values()) == {"exists"}
+    admin = AIOKafkaAdminClient(**settings.kafka_client_kwargs())
+    await admin.start()
+    try:
+        described = await admin.describe_topics([settings.topic_clicks])
+        assert len(described[0]["partitions"]) == 3
+    finally:
+        await admin.close()
+
+
+def test_topics_cli_creates_the_default_topics(stack: object, unique: str) -> None:
+    env = dict(os.environ)
+    env.update(
+        STREAMRANK_TOPIC_CLICKS=f"c-{unique}",
+        STREAMRANK_TOPIC_REQUESTS=f"q-{unique}",
+        STREAMRANK_TOPIC_RESULTS=f"r-{unique}",
+        STREAMRANK_TOPIC_DEAD_LETTERS=f"d-{unique}",
+    )
+    result = cli("topics", "create", "--partitions", "2", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    assert orjson.loads(result.stdout) == {
+        f"c-{unique}": "created",
+        f"q-{unique}": "created",
+        f"r-{unique}": "created",
+        f"d-{unique}": "created",
+    }
+
+
+def test_unreachable_kafka_is_a_clear_error(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRANK_")}
+    env["STREAMRANK_KAFKA_BOOTSTRAP"] = f"127.0.0.1:{free_port()}"
+    result = cli("topics", "create", env=env)
+    assert result.returncode == 1
+    assert "cannot reach Kafka" in result.stderr
+
+
+def test_unreachable_redis_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRANK_")}
+    env["STREAMRANK_REDIS_URL"] = f"redis://127.0.0.1:{free_port()}/0"
+    result = cli("activate", "din-20990101-abcdef", env=env)
+    assert result.returncode == 1
+    assert "cannot reach Redis" in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,148 @@
+"""The scoring worker as its command (`streamrank worker scoring`), `streamrank rank`, the
+/metrics endpoint, and RankClient's timeout and duplicate handling."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+import pytest
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaProducer
+
+from schemas import RankResult
+from scoring.client import RankClient, RankTimeout
+from streamrank.devstack.stack import free_port
+from streamrank.errors import KafkaUnavailable
+from streamrank.settings import Settings
+from streamrank.topics import create_topics
+from tests.integration.support.scoring import item_ids, publish, train_tiny_artifact, wait_for
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def env_for(settings: Settings) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRANK_")}
+    env.update(
+        STREAMRANK_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
+        STREAMRANK_REDIS_URL=settings.redis_dsn,
+        STREAMRANK_TOPIC_REQUESTS=settings.topic_requests,
+        STREAMRANK_TOPIC_RESULTS=settings.topic_results,
+        STREAMRANK_TOPIC_DEAD_LETTERS=settings.topic_dead_letters,
+        STREAMRANK_SCORING_GROUP_ID=settings.scoring_group_id,
+        STREAMRANK_SCORING_BUDGET_MS="10000",
+    )
+    return env
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    prefix = f"{name}{{{want}}} " if labels else f"{name} "
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return float(line.split()[-1])
+    raise AssertionError(f"{prefix!r} not in /metrics")
+
+
+async def test_worker_command_rank_command_and_metrics(
+    make_settings: Callable[..., Settings], unique: str, tmp_path: Path
+) -> None:
+    settings = make_settings(scoring_group_id=f"cli-{unique}")
+    await create_topics(settings)
+    artifact = train_tiny_artifact(tmp_path, seed=5)
+    redis = aioredis.from_url(settings.redis_dsn)
+    version = await publish(redis, artifact)
+    await redis.aclose()
+    items = item_ids(artifact)[:3]
+    env = env_for(settings)
+    env["STREAMRANK_CANARY_SPLIT"] = f"{version}:1"  # leaves the shared active pointer alone
+    port = free_port()
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "streamrank.cli", "worker", "scoring", "--metrics-port", str(port),
+        env=env,
+    )  # fmt: skip
+    try:
+        rank = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "streamrank.cli", "rank", "--user", "cli-user",
+            "--items", ",".join(items), "--json", "--timeout", "60",
+            env=env, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, _ = await asyncio.wait_for(rank.communicate(), 90)
+        assert rank.returncode == 0
+        reply = orjson.loads(out)
+        assert reply["model_version"] == version and reply["items"] == items
+        assert len(reply["scores"]) == 3 and not reply["degraded"]
+        text = await asyncio.to_thread(
+            lambda: (
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
+                .read()
+                .decode()
+            )
+        )
+        assert metric(text, "streamrank_scoring_requests_total", outcome="ok", reason="") == 1.0
+        assert metric(text, "streamrank_scoring_model_traffic_share", version=version) == 1.0
+        assert metric(text, "streamrank_scoring_breaker_state") == 0.0
+        assert metric(text, "streamrank_scoring_request_latency_seconds_count") == 1.0
+        assert metric(text, "streamrank_scoring_stage_seconds_count", stage="forward") == 1.0
+        assert "streamrank_embedding_cache_misses" in text
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(worker.wait(), 30)
+    assert code == 0
+
+
+async def test_client_times_out_clearly_and_ignores_duplicate_replies(
+    make_settings: Callable[..., Settings], unique: str
+) -> None:
+    settings = make_settings()
+    await create_topics(settings)
+    async with RankClient(settings=settings) as client:
+        started = time.monotonic()
+        with pytest.raises(RankTimeout, match="is a scoring worker running"):
+            await client.rank("u1", ["a"], timeout=1.0, request_id=f"lost-{unique}")
+        assert time.monotonic() - started < 5
+        # a reply arriving late, and twice, for a request nobody waits for any more
+        late = RankResult(f"lost-{unique}", "u1", ("a",), (0.5,), "v", served_at=1)
+        producer = AIOKafkaProducer(**settings.kafka_client_kwargs())
+        await producer.start()
+        try:
+            pending = asyncio.ensure_future(client.rank("u2", ["b"], timeout=10,
+                                                        request_id=f"live-{unique}"))  # fmt: skip
+            await asyncio.sleep(0.2)
+            live = RankResult(f"live-{unique}", "u2", ("b",), (0.7,), "v", served_at=2)
+            for result in (late, late, live, live):
+                await producer.send_and_wait(settings.topic_results, result.to_json(),
+                                             key=result.request_id.encode())  # fmt: skip
+        finally:
+            await producer.stop()
+        got = await pending
+        assert got.request_id == f"live-{unique}" and got.scores == (0.7,)
+        await wait_for(lambda: client.duplicates >= 3, timeout_s=5, what="3 dropped duplicates")
+        assert client.duplicates == 3  # two late + one repeated live reply, all dropped
+
+
+async def test_client_whose_reply_reader_dies_fails_fast_instead_of_timing_out(
+    make_settings: Callable[..., Settings], unique: str
+) -> None:
+    settings = make_settings()
+    await create_topics(settings)
+    async with RankClient(settings=settings) as client:
+        waiting = asyncio.ensure_future(
+            client.rank("u1", ["a"], timeout=30, request_id=f"w-{unique}")
+        )
+        await asyncio.sleep(0.2)
+        assert client._consumer is not None
+        await client._consumer.stop()  # the reply consumer fails under the reader
+        started = time.monotonic()
+        with pytest.raises(KafkaUnavailable, match="reply reader"):
+            await waiting
+        with pytest.raises(KafkaUnavailable, match="reply reader"):
+            await client.rank("u2", ["b"], timeout=30)
+        assert time.monotonic() - started < 5

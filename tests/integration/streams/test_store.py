@@ -1,0 +1,191 @@
+"""The batch script and the read API against a real Redis: order, dedupe, cap, TTL, windows."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+
+import orjson
+import redis.asyncio as aioredis
+
+from schemas import ClickEvent
+from streamrank import keys
+from streamrank.settings import Settings
+from streams.reader import FeatureReader, SequenceEvent
+from streams.windows import windows_from_settings
+from streams.writer import BatchWriter, assemble
+
+
+def writer_for(settings: Settings, redis: aioredis.Redis) -> Callable[..., object]:
+    writer = BatchWriter(redis=redis)
+
+    async def write(events: list[ClickEvent], now_ms: int) -> int:
+        call = assemble(
+            events,
+            now_ms=now_ms,
+            windows=windows_from_settings(settings),
+            lateness_s=settings.counter_lateness_s,
+            sequence_length=settings.sequence_length,
+            sequence_ttl_s=settings.sequence_ttl_s,
+            dedupe_ttl_s=settings.dedupe_ttl_s,
+        )
+        return await writer.apply(call)
+
+    return write
+
+
+async def test_sequence_order_out_of_order_arrivals_and_redelivery(
+    make_settings, redis, unique
+) -> None:  # type: ignore[no-untyped-def]
+    settings = make_settings()
+    write = writer_for(settings, redis)
+    reader = FeatureReader(redis=redis, settings=settings)
+    user = f"u-{unique}"
+    now = int(time.time() * 1000)
+    # Same-second ties are ordered by event_id; later batches bring older events.
+    first = [
+        ClickEvent(f"{unique}-0003", user, "i3", now, "drama"),
+        ClickEvent(f"{unique}-0001", user, "i1", now - 5000, "comedy"),
+    ]
+    second = [
+        ClickEvent(f"{unique}-0002", user, "i2", now, None),  # same ts as 0003, smaller id
+        ClickEvent(f"{unique}-0000", user, "i0", now - 9000, "drama"),  # out of order
+        ClickEvent(f"{unique}-0003", user, "i3", now, "drama"),  # redelivered
+    ]
+    assert await write(first, now) == 2
+    assert await write(second, now) == 2
+    assert await write(second, now) == 0  # a whole replay applies nothing
+    seqs = await reader.get_sequences([user, f"nobody-{unique}"])
+    assert seqs[f"nobody-{unique}"] == []
+    assert seqs[user] == [
+        SequenceEvent("i0", "drama", now - 9000, f"{unique}-0000"),
+        SequenceEvent("i1", "comedy", now - 5000, f"{unique}-0001"),
+        SequenceEvent("i2", None, now, f"{unique}-0002"),
+        SequenceEvent("i3", "drama", now, f"{unique}-0003"),
+    ]
+    counters = await reader.get_counters(user_ids=[user], item_ids=["i3-" + unique], at_ms=now)
+    assert counters["users"][user] == {
+        "clicks_1h": 4,
+        "clicks_24h": 4,
+        "categories_24h": {"comedy": 1, "drama": 2},
+    }
+
+
+async def test_cap_drops_oldest_and_ttls_are_set(make_settings, redis, unique) -> None:  # type: ignore[no-untyped-def]
+    settings = make_settings(sequence_length=5, sequence_ttl_s=1000, dedupe_ttl_s=500)
+    write = writer_for(settings, redis)
+    reader = FeatureReader(redis=redis, settings=settings)
+    user = f"u-{unique}"
+    now = int(time.time() * 1000)
+    events = [
+        ClickEvent(f"{unique}-{i:04d}", user, f"i{i}", now - (20 - i) * 1000, None)
+        for i in range(12)
+    ]
+    assert await write(events[6:], now) == 6
+    assert await write(events[:6], now) == 6  # older ones arrive late: they fall off the cap
+    seq = (await reader.get_sequences([user]))[user]
+    assert [e.item_id for e in seq] == ["i7", "i8", "i9", "i10", "i11"]
+    assert 990_000 <= await redis.pttl(keys.sequence(user)) <= 1_000_000
+    assert 490_000 <= await redis.pttl(keys.seen(f"{unique}-0003")) <= 500_000
+    fine, _coarse = windows_from_settings(settings)
+    # The bucket of the newest event (not of `now`: a bucket boundary may fall in between).
+    bucket = events[-1].ts // 1000 // fine.resolution_s * fine.resolution_s
+    expire_at = (bucket + fine.resolution_s + 3600 + settings.counter_lateness_s) * 1000
+    ttl = await redis.pttl(keys.user_counter_bucket(user, fine.resolution_s, bucket))
+    assert abs((int(time.time() * 1000) + ttl) - expire_at) < 2000
+
+
+async def test_windows_follow_event_time_and_buckets_expire(make_settings, redis, unique) -> None:  # type: ignore[no-untyped-def]
+    settings = make_settings(counter_bucket_s=60, counter_coarse_bucket_s=600, counter_lateness_s=0)
+    write = writer_for(settings, redis)
+    reader = FeatureReader(redis=redis, settings=settings)
+    user, item_a, item_b = f"u-{unique}", f"ia-{unique}", f"ib-{unique}"
+    now = int(time.time() * 1000)
+    hour, minute = 3600 * 1000, 60 * 1000
+    events = [
+        ClickEvent(f"{unique}-1", user, item_a, now - 5 * minute, "drama"),  # in 1 h and 24 h
+        ClickEvent(f"{unique}-2", user, item_a, now - 3 * hour, "drama"),  # only 24 h
+        ClickEvent(f"{unique}-3", user, item_b, now - 23 * hour, "comedy"),  # only 24 h
+        ClickEvent(f"{unique}-4", user, item_b, now - 30 * hour, "comedy"),  # no window
+    ]
+    assert await write(events, now) == 4
+    got = await reader.get_counters(user_ids=[user], item_ids=[item_a, item_b], at_ms=now)
+    assert got["users"][user] == {
+        "clicks_1h": 1,
+        "clicks_24h": 3,
+        "categories_24h": {"comedy": 1, "drama": 2},
+    }
+    assert got["items"] == {
+        item_a: {"clicks_1h": 1, "clicks_24h": 2},
+        item_b: {"clicks_1h": 0, "clicks_24h": 1},
+    }
+    pop = await reader.item_popularity([item_b, item_a, f"none-{unique}", item_a], at_ms=now)
+    assert pop.tolist() == [1, 2, 0, 2]
+    # Two hours later the 5-minute-old click has left the 1 h window and the 23 h old one
+    # (now 25 h old) the 24 h window.
+    later = await reader.get_counters(user_ids=[user], at_ms=now + 2 * hour)
+    assert later["users"][user]["clicks_1h"] == 0
+    assert later["users"][user]["clicks_24h"] == 2
+    assert (await reader.item_popularity([item_b], at_ms=now + 2 * hour)).tolist() == [0]
+    # The 30 h old event's buckets were never written; the others expire by themselves.
+    old_bucket = (now - 30 * hour) // 1000 // 600 * 600
+    assert not await redis.exists(keys.user_counter_bucket(user, 600, old_bucket))
+    fine_bucket = (now - 5 * minute) // 1000 // 60 * 60
+    ttl = await redis.pttl(keys.user_counter_bucket(user, 60, fine_bucket))
+    assert 0 < ttl <= (60 + 3600) * 1000
+
+
+async def test_reads_are_one_round_trip_for_a_batch(make_settings, redis, unique) -> None:  # type: ignore[no-untyped-def]
+    settings = make_settings()
+    reader = FeatureReader(redis=redis, settings=settings)
+    before = (await redis.info("stats"))["total_connections_received"]
+    users = [f"u{i}-{unique}" for i in range(64)]
+    result = await reader.get_sequences(users)
+    counters = await reader.get_counters(user_ids=users, item_ids=["a", "b"])
+    assert set(result) == set(users) and set(counters["users"]) == set(users)
+    after = (await redis.info("stats"))["total_connections_received"]
+    assert after - before <= 1  # pipelined on one connection
+
+
+async def test_batches_commute_so_two_can_be_in_flight(make_settings, redis, unique) -> None:  # type: ignore[no-untyped-def]
+    """Applying batch A then B leaves the same state as B then A (cap, dedupe, counters): the
+    worker may therefore run the next batch's script before the previous one finished."""
+    settings = make_settings(sequence_length=4)
+    write = writer_for(settings, redis)
+    reader = FeatureReader(redis=redis, settings=settings)
+    now = int(time.time() * 1000)
+    rng = random.Random(5)
+    raw = [
+        (f"{i:03d}", rng.randrange(3), rng.randrange(6), now - rng.randrange(60_000))
+        for i in range(40)
+    ]
+
+    def events(tag: str, picks: list[int]) -> list[ClickEvent]:
+        out = []
+        for i in picks:
+            eid, user, item, ts = raw[i]
+            out.append(
+                ClickEvent(f"{tag}-{eid}", f"{tag}-u{user}", f"{tag}-i{item}", ts, f"c{item % 2}")
+            )
+        return out
+
+    a = list(range(0, 25))
+    b = list(range(15, 40))  # overlaps a: the shared events are replays for the second batch
+    x, y = f"x{unique}", f"y{unique}"
+    assert await write(events(x, a), now) + await write(events(x, b), now) == 40
+    assert await write(events(y, b), now) + await write(events(y, a), now) == 40
+
+    def strip(tag: str, value: object) -> object:
+        return orjson.loads(orjson.dumps(value).decode().replace(tag, "T"))
+
+    users = lambda tag: [f"{tag}-u{u}" for u in range(3)]  # noqa: E731
+    items = lambda tag: [f"{tag}-i{i}" for i in range(6)]  # noqa: E731
+    seq_x = {u: [e.to_dict() for e in s] for u, s in (await reader.get_sequences(users(x))).items()}
+    seq_y = {u: [e.to_dict() for e in s] for u, s in (await reader.get_sequences(users(y))).items()}
+    assert strip(x, seq_x) == strip(y, seq_y)
+    assert all(len(s) == 4 for s in seq_x.values())
+    cnt_x = await reader.get_counters(user_ids=users(x), item_ids=items(x), at_ms=now)
+    cnt_y = await reader.get_counters(user_ids=users(y), item_ids=items(y), at_ms=now)
+    assert strip(x, cnt_x) == strip(y, cnt_y)
+    assert sum(c["clicks_1h"] for c in cnt_x["users"].values()) == 40

@@ -1,0 +1,158 @@
+"""The features worker process end to end: real broker, real Redis, real Faust consumer group."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaConsumer
+
+from streamrank.devstack.processes import start_worker
+from streamrank.devstack.stack import free_port
+from streamrank.settings import Settings
+from streams.reader import FeatureReader
+from tests.integration.support.features import (
+    click,
+    committed_offsets,
+    metric,
+    poll,
+    produce,
+    read_dead_letters,
+    scrape,
+    sequence_members,
+)
+
+
+async def topic_ends(settings: Settings) -> dict[int, int]:
+    """Next offset of each partition, found by reading the topic (offsets are contiguous)."""
+    consumer = AIOKafkaConsumer(
+        settings.topic_clicks,
+        **settings.kafka_client_kwargs(),
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    ends: dict[int, int] = {}
+    try:
+        idle = 0
+        while idle < 3:
+            batch = await consumer.getmany(timeout_ms=300)
+            idle = 0 if batch else idle + 1
+            for tp, records in batch.items():
+                ends[tp.partition] = records[-1].offset + 1
+    finally:
+        await consumer.stop()
+    return ends
+
+
+@pytest.mark.parametrize("path", ["batch", "agent"])
+async def test_worker_applies_forwards_and_dead_letters(
+    make_settings, unique, tmp_path: Path, path: str
+) -> None:  # type: ignore[no-untyped-def]
+    port = free_port()
+    settings = make_settings(
+        features_app_id=f"features-{unique}",
+        sequence_length=1000,
+        metrics_port=port,
+        features_path=path,
+    )
+    worker = start_worker("features", settings, log_path=tmp_path / "worker.log", metrics_port=None)
+    try:
+        await asyncio.to_thread(worker.wait_ready, 60)
+        now = int(time.time() * 1000)
+        users = [f"u{i}-{unique}" for i in range(10)]
+        keyed = [
+            (
+                users[i % 10].encode(),
+                click(f"{unique}-{i:05d}", users[i % 10], f"i{i % 7}", now - i),
+            )
+            for i in range(300)
+        ]
+        unkeyed = [
+            (None, click(f"{unique}-u{i:03d}", users[i % 10], "i-unkeyed", now)) for i in range(20)
+        ]
+        redelivered = keyed[:10]
+        bad = [
+            (b"k", b"\xff\xfe not json"),
+            (b"k", orjson.dumps({"event_id": "x", "user_id": "u"})),
+            (b"k", orjson.dumps({"event_id": "x", "user_id": "u", "item_id": 5, "ts": now})),
+            (b"k", click("x2", "u", "i", now - 30 * 86400 * 1000)),
+            (b"k", b'{"pad": "' + b"x" * 70_000 + b'"}'),
+        ]
+        await produce(settings, keyed + unkeyed + bad + redelivered)
+
+        async def all_applied() -> bool:
+            members = await sequence_members(settings.redis_dsn, users)
+            return sum(len(m) for m in members.values()) == 320
+
+        await poll(all_applied, timeout_s=30, what="all 320 clicks in the sequences")
+        members = await sequence_members(settings.redis_dsn, users)
+        flat = [e for m in members.values() for e in m]
+        assert len(flat) == len(set(flat)) == 320  # redeliveries not inserted twice
+        client = aioredis.from_url(settings.redis_dsn)
+        counters = await FeatureReader(redis=client, settings=settings).get_counters(user_ids=users)
+        await client.aclose()
+        assert sum(c["clicks_1h"] for c in counters["users"].values()) == 320  # none counted twice
+
+        if path == "batch":  # the CLI view of one user
+            shown = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "streamrank.cli", "features", "--user", users[3], "--json"],
+                capture_output=True,
+                env={**os.environ, **settings.as_env()},
+                check=True,
+            )
+            view = orjson.loads(shown.stdout)
+            assert view["user_id"] == users[3]
+            assert [e["event_id"] for e in view["sequence"]] == members[users[3]]
+            assert set(view["sequence"][0]) == {"item_id", "category", "ts", "event_id"}
+            assert view["counters"]["clicks_1h"] == 32  # 30 keyed + 2 unkeyed
+            assert view["counters"]["categories_24h"] == {"drama": 32}
+
+        letters = await read_dead_letters(settings, expected=5)
+        reasons = sorted(letter.error.split(":")[0] for letter in letters)
+        assert reasons == sorted(
+            ["not_json", "missing_field", "bad_type", "ts_out_of_range", "too_large"]
+        )
+        by_reason = {letter.error.split(":")[0]: letter for letter in letters}
+        assert by_reason["not_json"].original_bytes() == b"\xff\xfe not json"
+        assert by_reason["not_json"].payload_encoding == "base64"
+        assert by_reason["not_json"].source_topic == settings.topic_clicks
+        assert by_reason["not_json"].offset >= 0
+
+        samples = await asyncio.to_thread(scrape, port)
+        assert metric(samples, "streamrank_features_events_applied_total") == 320
+        assert metric(samples, "streamrank_features_events_forwarded_total") == 20
+        assert metric(samples, "streamrank_features_events_duplicate_total") == 10
+        assert metric(samples, "streamrank_features_dead_letters_total", reason="not_json") == 1
+        assert metric(samples, "streamrank_features_dead_letters_total", reason="too_large") == 1
+        if path == "batch":
+            # Everything produced gets processed: then no partition is behind its high watermark.
+            async def caught_up() -> bool:
+                lags = [
+                    value
+                    for (name, _labels), value in (await asyncio.to_thread(scrape, port)).items()
+                    if name == "streamrank_features_consumer_lag"
+                ]
+                return bool(lags) and set(lags) == {0.0}
+
+            await poll(caught_up, timeout_s=15, what="consumer lag 0 on every partition")
+
+        ends = await topic_ends(settings)
+        # Every produced record plus the 20 keyed copies of the unkeyed ones.
+        assert sum(ends.values()) == 300 + 20 + 5 + 10 + 20
+
+        async def all_committed() -> bool:
+            return await committed_offsets(settings) == ends
+
+        await poll(all_committed, timeout_s=15, what="offsets committed up to the end")
+    finally:
+        code = worker.stop()
+    assert code == 0 or not worker.alive()

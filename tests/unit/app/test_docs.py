@@ -1,0 +1,18 @@
+from pathlib import Path
+
+from streamrank.cli.docs import render_readme
+from streamrank.settings import Settings
+
+README = Path(__file__).resolve().parents[3] / "README.md"
+
+
+def test_readme_settings_table_is_current() -> None:
+    text = README.read_text()
+    assert render_readme(text) == text, "README settings table is stale: run `make docs`"
+    for name in Settings.model_fields:
+        assert f"`STREAMRANK_{name.upper()}`" in text
+
+
+def test_readme_has_the_two_commands() -> None:
+    text = README.read_text()
+    assert "\nmake demo\n" in text and "\nmake test\n" in text

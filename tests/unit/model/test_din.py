@@ -1,0 +1,210 @@
+"""DIN, BaseModel and the serving scorer: equivalence, masking, padding invariance, weights I/O."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from scoring.model.din import DIN, BaseModel, DinScorer, ModelSpec, PReLU, dense_bytes, dense_state
+
+SPEC = ModelSpec()
+D = SPEC.item_dim
+
+
+def _trained_like_din(seed: int = 0) -> DIN:
+    """A DIN whose weights are perturbed away from init (so every path matters)."""
+    torch.manual_seed(seed)
+    net = DIN(SPEC).eval()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return net
+
+
+def _batch(b: int, c: int, l_len: int, seed: int = 1) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    hist = torch.randn(b, l_len, D, generator=g)
+    lengths = torch.randint(0, l_len + 1, (b,), generator=g)
+    lengths[0] = l_len  # one full history
+    if b > 1:
+        lengths[1] = 0  # one empty history
+    mask = torch.arange(l_len)[None, :] < lengths[:, None]  # [B, L], left-aligned
+    cands = torch.randn(b, c, D, generator=g)
+    return hist, mask, cands
+
+
+def _straightforward(
+    net: DIN, hist: torch.Tensor, mask: torch.Tensor, cands: torch.Tensor
+) -> np.ndarray:
+    b, c, _ = cands.shape
+    with torch.no_grad():
+        logits = net(
+            hist.repeat_interleave(c, 0), mask.repeat_interleave(c, 0), cands.reshape(b * c, D)
+        )
+    return torch.sigmoid(logits).view(b, c).numpy()
+
+
+@pytest.mark.parametrize("b", [1, 5])
+def test_serving_scorer_equals_straightforward_forward(b: int) -> None:
+    net = _trained_like_din()
+    hist, mask, cands = _batch(b, 100, 50)
+    expected = _straightforward(net, hist, mask, cands)
+    got = DinScorer(net).score(hist, mask, cands, torch.ones(b, 100, dtype=torch.bool))
+    assert got.shape == (b, 100)
+    assert np.abs(got - expected).max() < 1e-5
+    assert expected.std() > 0.01  # the scores actually vary, so the comparison means something
+
+
+def test_extra_padding_leaves_scores_unchanged() -> None:
+    net = _trained_like_din()
+    scorer = DinScorer(net)
+    hist, mask, cands = _batch(3, 7, 10)
+    cmask = torch.ones(3, 7, dtype=torch.bool)
+    base = scorer.score(hist, mask, cands, cmask)
+    # 15 more padded slots holding large garbage values and a NaN
+    junk = torch.randn(3, 15, D) * 1e3
+    junk[0, 3, 5] = float("nan")
+    padded = scorer.score(
+        torch.cat([hist, junk], 1),
+        torch.cat([mask, torch.zeros(3, 15, dtype=torch.bool)], 1),
+        cands,
+        cmask,
+    )
+    np.testing.assert_allclose(padded, base, atol=1e-6)
+    # and the straightforward forward agrees with itself too
+    straight = _straightforward(
+        net,
+        torch.cat([hist, junk], 1),
+        torch.cat([mask, torch.zeros(3, 15, dtype=torch.bool)], 1),
+        cands,
+    )
+    np.testing.assert_allclose(straight, _straightforward(net, hist, mask, cands), atol=1e-6)
+
+
+def test_history_changes_scores_and_attention_is_unnormalised() -> None:
+    net = _trained_like_din()
+    hist, mask, cands = _batch(2, 4, 6)
+    w = net.attention_weights(hist[:1], mask[:1], cands[:1, 0])
+    assert not torch.allclose(w.sum(), torch.tensor(1.0))  # no softmax
+    assert (w[~mask[:1]] == 0).all()
+    scorer = DinScorer(net)
+    cm = torch.ones(2, 4, dtype=torch.bool)
+    a = scorer.score(hist, mask, cands, cm)
+    b = scorer.score(hist * 2, mask, cands, cm)
+    assert np.abs(a[0] - b[0]).max() > 1e-4  # row 0 has a history: it matters
+    np.testing.assert_allclose(a[1], b[1], atol=1e-7)  # row 1 has an empty history
+
+
+def test_masked_candidates_score_zero_and_do_not_affect_others() -> None:
+    scorer = DinScorer(_trained_like_din())
+    hist, mask, cands = _batch(2, 6, 8)
+    full = scorer.score(hist, mask, cands, torch.ones(2, 6, dtype=torch.bool))
+    cmask = torch.tensor([[True] * 4 + [False] * 2, [True] * 6])
+    part = scorer.score(hist, mask, cands, cmask)
+    assert (part[0, 4:] == 0).all()
+    np.testing.assert_allclose(part[0, :4], full[0, :4], atol=1e-7)
+    np.testing.assert_allclose(part[1], full[1], atol=1e-7)
+
+
+@pytest.mark.parametrize(("b", "c", "l_len"), [(0, 3, 5), (2, 0, 5), (2, 3, 0)])
+def test_empty_batches_score_to_empty_or_history_free_results(b: int, c: int, l_len: int) -> None:
+    # No request, no candidate, or no history anywhere: a result of the right shape, no error.
+    net = _trained_like_din()
+    scorer = DinScorer(net)
+    g = torch.Generator().manual_seed(3)
+    hist, cands = torch.randn(b, l_len, D, generator=g), torch.randn(b, c, D, generator=g)
+    mask = torch.ones(b, l_len, dtype=torch.bool)
+    got = scorer.score(hist, mask, cands, torch.ones(b, c, dtype=torch.bool))
+    assert got.shape == (b, c) and got.dtype == np.float32
+    if b and c:  # an empty history: scored on the candidate alone, like the forward
+        np.testing.assert_allclose(got, _straightforward(net, hist, mask, cands), atol=1e-6)
+
+
+def test_scorer_rejects_wrong_dims() -> None:
+    scorer = DinScorer(_trained_like_din())
+    with pytest.raises(ValueError, match="expected hist"):
+        scorer.score(
+            np.zeros((1, 3, D + 1)),
+            np.ones((1, 3), bool),
+            np.zeros((1, 2, D + 1)),
+            np.ones((1, 2), bool),
+        )
+
+
+def test_base_model_is_masked_sum_pooling() -> None:
+    torch.manual_seed(0)
+    net = BaseModel(SPEC).eval()
+    hist, mask, cands = _batch(2, 1, 5)
+    with torch.no_grad():
+        got = net(hist, mask, cands[:, 0])
+        pooled = torch.stack([hist[i][mask[i]].sum(0) for i in range(2)])
+        expected = net.head(pooled, cands[:, 0])
+    torch.testing.assert_close(got, expected)
+
+
+def test_prelu_is_per_feature_on_the_last_dim() -> None:
+    act = PReLU(3)
+    with torch.no_grad():
+        act.weight.copy_(torch.tensor([0.0, 0.5, 2.0]))
+    x = torch.tensor([[[-1.0, -1.0, -1.0], [1.0, 2.0, 3.0]]])  # [1, 2, 3]
+    torch.testing.assert_close(act(x), torch.tensor([[[0.0, -0.5, -2.0], [1.0, 2.0, 3.0]]]))
+
+
+def test_dense_weights_roundtrip_through_safetensors_bytes() -> None:
+    net = _trained_like_din()
+    state = dense_state(net, torch.randn(5, SPEC.category_dim))
+    blob = dense_bytes(state)
+    assert not blob.startswith(b"\x80")  # not a pickle
+    scorer = DinScorer.from_bytes({"model": SPEC.to_json()}, blob)
+    hist, mask, cands = _batch(2, 5, 7)
+    cm = torch.ones(2, 5, dtype=torch.bool)
+    np.testing.assert_array_equal(
+        scorer.score(hist, mask, cands, cm), DinScorer(net).score(hist, mask, cands, cm)
+    )
+
+
+def test_bench_model_compares_both_paths_on_the_same_requests() -> None:
+    import argparse
+
+    from streamrank.bench.model import add_arguments, run
+    from streamrank.settings import Settings
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--batch", "1", "3", "--repeats", "1", "--seconds", "0.01"])
+    out = run(args, Settings())
+    assert [r["batch_requests"] for r in out["results"]] == [1, 3]
+    for r in out["results"]:
+        assert r["max_abs_logit_diff"] < 1e-5
+        assert r["split_ms"] > 0 and r["straightforward_ms"] > 0
+        assert r["speedup"] > 0
+
+
+def test_profile_model_scorer_equals_forward_and_uses_the_profile() -> None:
+    spec = ModelSpec(profile_sizes=(8, 3, 5))
+    assert ModelSpec.from_json(spec.to_json()) == spec
+    legacy = {k: v for k, v in ModelSpec().to_json().items() if not k.startswith("profile")}
+    assert ModelSpec.from_json(legacy) == ModelSpec()  # configs without profile keys still load
+    torch.manual_seed(0)
+    net = DIN(spec).eval()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    scorer = DinScorer(net)
+    hist, mask, cands = _batch(3, 40, 50)
+    cm = torch.ones(3, 40, dtype=torch.bool)
+    prof = torch.tensor([[1, 2, 3], [0, 0, 0], [7, 1, 4]])
+    got = scorer.score(hist, mask, cands, cm, profile=prof)
+    with torch.no_grad():
+        logits = net(
+            hist.repeat_interleave(40, 0),
+            mask.repeat_interleave(40, 0),
+            cands.reshape(-1, D),
+            prof.repeat_interleave(40, 0),
+        )
+    np.testing.assert_allclose(got, torch.sigmoid(logits).view(3, 40).numpy(), atol=1e-5)
+    other = scorer.score(hist, mask, cands, cm, profile=torch.tensor([[2, 1, 0]] * 3))
+    assert np.abs(other - got).max() > 1e-4
+    with pytest.raises(ValueError, match="needs the user profile"):
+        scorer.score(hist, mask, cands, cm)

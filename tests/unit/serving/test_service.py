@@ -1,0 +1,265 @@
+"""RankService on in-memory stand-ins for its sources (pure logic: the real ones are covered by
+the integration tests): scores reach the right requests, deadlines, degradation, the breaker."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+
+from schemas import RankRequest
+from scoring.model.canary import parse_split
+from scoring.serving import replies
+from scoring.serving.breaker import BreakerState, CircuitBreaker
+from scoring.serving.metrics import ScoringMetrics
+from scoring.serving.served_log import served_record
+from scoring.serving.service import Incoming, RankService
+from scoring.serving.watcher import Serving
+from streamrank.errors import EmbeddingError
+
+DIM = 4
+
+
+def row_of(item_id: str, version: str = "") -> np.ndarray:
+    seed = int.from_bytes(hashlib.sha256(f"{version}/{item_id}".encode()).digest()[:4], "big")
+    return np.random.default_rng(seed).standard_normal(DIM).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class Event:
+    item_id: str
+    ts: int
+    event_id: str
+
+
+class Features:
+    def __init__(
+        self, sequences: Mapping[str, list[Event]], popularity: Mapping[str, float]
+    ) -> None:
+        self.sequences, self.popularity = sequences, popularity
+        self.fail_sequences = self.fail_popularity = False
+        self.calls = 0
+
+    async def get_sequences(self, user_ids: Sequence[str]) -> Mapping[str, Sequence[Any]]:
+        self.calls += 1
+        if self.fail_sequences:
+            raise ConnectionError("redis down")
+        return {u: self.sequences.get(u, []) for u in user_ids}
+
+    async def item_popularity(self, item_ids: Sequence[str]) -> np.ndarray:
+        self.calls += 1
+        if self.fail_popularity:
+            raise ConnectionError("redis down")
+        return np.array([self.popularity.get(i, 0.0) for i in item_ids])
+
+
+class Embeddings:
+    def __init__(self) -> None:
+        self.lookups: list[tuple[str, list[str]]] = []
+
+    async def lookup(self, version: str, table: str, ids: Sequence[str]) -> np.ndarray:
+        self.lookups.append((version, list(ids)))
+        return (
+            np.stack([row_of(i, version) for i in ids]) if ids else np.zeros((0, DIM), np.float32)
+        )
+
+    async def warm(self, version: str, table: str, ids: Sequence[str]) -> None:
+        return None
+
+    def stats(self) -> Mapping[str, Any]:
+        return {"hits": 1, "misses": 2}
+
+
+class MeanDotScorer:
+    """sigmoid(cand . masked-mean(history)); padding must not change it."""
+
+    def score(
+        self, hist: np.ndarray, hist_mask: np.ndarray, cands: np.ndarray, cand_mask: np.ndarray
+    ) -> np.ndarray:
+        m = hist_mask[..., None].astype(np.float32)
+        mean = (hist * m).sum(1) / np.maximum(m.sum(1), 1.0)  # [B, d]
+        logits = (cands * mean[:, None, :]).sum(-1) + 0.1  # [B, C]
+        return 1.0 / (1.0 + np.exp(-logits))
+
+
+def expected(history: list[str], items: Sequence[str], version: str = "v1") -> np.ndarray:
+    hist = np.stack([row_of(i, version) for i in history]) if history else np.zeros((0, DIM))
+    mean = hist.mean(0) if history else np.zeros(DIM)
+    logits = np.stack([row_of(i, version) for i in items]) @ mean + 0.1
+    return 1.0 / (1.0 + np.exp(-logits))
+
+
+def make(
+    serving: Serving | None, features: Features, **kw: Any
+) -> tuple[RankService, CircuitBreaker]:
+    breaker = CircuitBreaker(failures=2, cooldown_s=60.0)
+    service = RankService(
+        features=features,
+        embeddings=Embeddings(),
+        serving=lambda: serving,
+        breaker=breaker,
+        metrics=ScoringMetrics(),
+        sequence_length=3,
+        **kw,
+    )
+    return service, breaker
+
+
+def incoming(rid: str, user: str, items: Sequence[str]) -> Incoming:
+    return Incoming(RankRequest(rid, user, tuple(items)), produced_ms=0, received_ms=5)
+
+
+FAR = 2**62
+SEQ = {"u1": [Event(f"h{i}", i, f"e{i}") for i in range(5)], "u2": [Event("a", 1, "e9")]}
+ONE = Serving(split=(("v1", 1.0),), scorers={"v1": MeanDotScorer()}, source="pointer")
+
+
+@pytest.mark.parametrize("mode", ["batched", "per_request"])
+async def test_scores_match_each_requests_own_history_and_items(mode: str) -> None:
+    features = Features(SEQ, {})
+    service, _ = make(ONE, features, forward_mode=mode, log_served=True)
+    batch = [
+        incoming("r1", "u1", ["a", "b", "zz"]),
+        incoming("r2", "u2", ["b"]),
+        incoming("r3", "cold", ["a", "c"]),
+    ]
+    out = await service.rank(batch, deadlines=[FAR] * 3)
+    assert [r.result.request_id for r in out] == ["r1", "r2", "r3"]
+    # u1 keeps only its newest 3 events (sequence_length=3)
+    assert np.allclose(
+        out[0].result.scores, expected(["h2", "h3", "h4"], ["a", "b", "zz"]), atol=1e-6
+    )
+    assert np.allclose(out[1].result.scores, expected(["a"], ["b"]), atol=1e-6)
+    assert np.allclose(out[2].result.scores, expected([], ["a", "c"]), atol=1e-6)  # cold start
+    assert all(not r.result.degraded and r.result.model_version == "v1" for r in out)
+    assert set(out[0].result.timings_ms) == {
+        "queue_wait",
+        "sequence_fetch",
+        "embedding_lookup",
+        "forward",
+        "total",
+    }
+    assert out[0].result.timings_ms["queue_wait"] == 5.0
+    assert features.calls == 1  # one round trip for all sequences
+    record = out[0].served
+    assert record is not None and record["sequence"]["item_ids"] == ["h2", "h3", "h4"]
+    assert record["sequence"]["event_ids"] == ["e2", "e3", "e4"] and record["scores"] == list(
+        out[0].result.scores
+    )
+
+
+async def test_expired_requests_get_degraded_replies_without_compute() -> None:
+    features = Features(SEQ, {})
+    service, _ = make(ONE, features)
+    out = await service.rank([incoming("r1", "u1", ["a", "b"])], deadlines=[1])
+    assert out[0].result.degraded and out[0].result.reason == replies.EXPIRED
+    assert out[0].result.scores == (0.5, 0.5)
+    assert features.calls == 0
+
+
+async def test_redis_failure_falls_back_to_popularity_then_neutral_then_breaker() -> None:
+    features = Features(SEQ, {"a": 100.0, "b": 1.0})
+    service, breaker = make(ONE, features)
+    features.fail_sequences = True
+    out = await service.rank([incoming("r1", "u1", ["b", "a", "c"])], deadlines=[FAR])
+    r = out[0].result
+    assert r.degraded and r.reason == replies.REDIS_UNAVAILABLE
+    assert r.scores[1] > r.scores[0] > r.scores[2] == 0.0  # popularity order a > b > c
+    features.fail_popularity = True
+    out = await service.rank([incoming("r2", "u1", ["b", "a"])], deadlines=[FAR])
+    assert out[0].result.scores == (0.5, 0.5) and out[0].result.reason == replies.REDIS_UNAVAILABLE
+    assert breaker.state is BreakerState.OPEN
+    calls = features.calls
+    out = await service.rank([incoming("r3", "u1", ["b"])], deadlines=[FAR])
+    assert out[0].result.reason == replies.BREAKER_OPEN and features.calls == calls  # no Redis call
+
+
+async def test_no_active_model_gives_popularity_fallback() -> None:
+    service, _ = make(None, Features(SEQ, {"a": 5.0}))
+    out = await service.rank([incoming("r1", "u1", ["a", "b"])], deadlines=[FAR])
+    assert (
+        out[0].result.reason == replies.NO_MODEL
+        and out[0].result.scores[0] > out[0].result.scores[1]
+    )
+
+
+async def test_canary_groups_score_with_their_own_version() -> None:
+    split = parse_split("v1:0.5,v2:0.5")
+    serving = Serving(
+        split=split, scorers={"v1": MeanDotScorer(), "v2": MeanDotScorer()}, source="split"
+    )
+    service, _ = make(serving, Features(SEQ, {}))
+    users = [f"user{i}" for i in range(40)]
+    out = await service.rank(
+        [incoming(f"r{i}", u, ["a", "b"]) for i, u in enumerate(users)], deadlines=[FAR] * 40
+    )
+    versions = {r.result.model_version for r in out}
+    assert versions == {"v1", "v2"}
+    for r, version in zip(out, serving.assign(users), strict=True):
+        assert r.result.model_version == version
+        assert np.allclose(r.result.scores, expected([], ["a", "b"], version), atol=1e-6)
+
+
+def test_served_record_shape_and_values() -> None:
+    rec = served_record(RankRequest("r", "u", ("a",)), "v1", [Event("x", 5, "e1")], [0.25], 99)
+    assert rec == {
+        "request_id": "r",
+        "user_id": "u",
+        "model_version": "v1",
+        "sequence": {"item_ids": ["x"], "ts": [5], "event_ids": ["e1"]},
+        "items": ["a"],
+        "scores": [0.25],
+        "served_at": 99,
+    }
+
+
+class BrokenEmbeddings(Embeddings):
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error: Exception | None = error
+
+    async def lookup(self, version: str, table: str, ids: Sequence[str]) -> np.ndarray:
+        if self.error is not None:
+            raise self.error
+        return await super().lookup(version, table, ids)
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (EmbeddingError("table missing"), replies.MODEL_UNAVAILABLE),
+        (RuntimeError("shape mismatch"), replies.INTERNAL_ERROR),
+    ],
+)
+async def test_model_failure_during_half_open_probe_does_not_wedge_the_breaker(
+    error: Exception, reason: str
+) -> None:
+    """A probe whose Redis calls succeed but whose model fails must end the probe (the breaker
+    used to stay half-open with the probe taken, refusing Redis forever); an unexpected error
+    gives a degraded reply instead of crashing the worker."""
+    features = Features(SEQ, {"a": 3.0})
+    embeddings = BrokenEmbeddings(error)
+    breaker = CircuitBreaker(failures=1, cooldown_s=0.0)
+    service = RankService(
+        features=features,
+        embeddings=embeddings,
+        serving=lambda: ONE,
+        breaker=breaker,
+        metrics=ScoringMetrics(),
+        sequence_length=3,
+    )
+    breaker.record_failure()  # open; cool-down 0 -> the next call is the half-open probe
+    out = await service.rank([incoming("r1", "u1", ["b", "a"])], deadlines=[FAR])
+    assert out[0].result.degraded and out[0].result.reason == reason
+    assert out[0].result.scores[1] > out[0].result.scores[0]  # popularity a > b
+    assert breaker.state is BreakerState.CLOSED
+    embeddings.error = None
+    out = await service.rank([incoming("r2", "u1", ["a", "b"])], deadlines=[FAR])
+    r = out[0].result
+    assert not r.degraded and r.reason is None and r.model_version == "v1"
+    hist = [e.item_id for e in SEQ["u1"]][-3:]
+    np.testing.assert_allclose(r.scores, expected(hist, ["a", "b"]), rtol=1e-5)
