@@ -28,6 +28,7 @@ import numpy as np
 
 from schemas import ClickEvent
 from streamrank import clock, kafka
+from streamrank.redis_client import redis_client
 from streamrank.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -210,7 +211,6 @@ async def run_demo(
     logs: Path,
 ) -> None:
     """Publish + activate the model, start both workers, then produce, watch and rank."""
-    import redis.asyncio as aioredis
     from aiokafka import AIOKafkaProducer
 
     from scoring.client import RankClient
@@ -223,7 +223,7 @@ async def run_demo(
     topics = await create_topics(settings)
     say("topics: " + ", ".join(f"{t} ({s})" for t, s in topics.items()))
     artifact = load_artifact(model.path)
-    redis = aioredis.from_url(settings.redis_dsn, **settings.redis_client_kwargs())
+    redis = redis_client(settings)
     try:
         published = await ensure_published(redis, artifact)
         previous = await activate_version(redis, artifact.version)

@@ -27,6 +27,16 @@ def consumer_kwargs(settings: Settings) -> dict[str, Any]:
     return kwargs
 
 
+def group_kwargs(settings: Settings) -> dict[str, Any]:
+    """Consumer-group membership options of a worker's consumer (session, heartbeats, static
+    membership)."""
+    return {
+        "group_instance_id": settings.kafka_group_instance_id,
+        "session_timeout_ms": settings.kafka_session_timeout_ms,
+        "heartbeat_interval_ms": settings.kafka_heartbeat_interval_ms,
+    }
+
+
 def producer(settings: Settings, **options: Any) -> AIOKafkaProducer:
     """A producer of ours; ``options`` are aiokafka's (acks, linger_ms ...)."""
     return AIOKafkaProducer(**{**producer_kwargs(settings), **options})

@@ -35,6 +35,7 @@ from tqdm import tqdm
 from schemas import ClickEvent
 from streamrank import kafka
 from streamrank.errors import StreamrankError
+from streamrank.redis_client import redis_client
 from streamrank.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -298,7 +299,6 @@ async def run_replay(
 
     The replay's scoring worker is pinned to the artifact's version by a static split, so the
     shared ``sr:model:active`` pointer is left alone unless ``activate`` is set."""
-    import redis.asyncio as aioredis
 
     from scoring.model.registry import activate_version
     from streamrank.devstack.pipeline import ensure_published
@@ -309,7 +309,7 @@ async def run_replay(
     seconds: dict[str, float] = {}
     run = f"replay-{uuid.uuid4().hex[:8]}"
     max_history = int(artifact.config.get("train", {}).get("history_len", settings.sequence_length))
-    redis = aioredis.from_url(settings.redis_dsn, **settings.redis_client_kwargs())
+    redis = redis_client(settings)
     try:
         published = await ensure_published(redis, artifact, encoding=encoding, progress=progress)
         version, enc = published["version"], published["encoding"]

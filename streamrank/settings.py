@@ -63,6 +63,21 @@ class Settings(BaseSettings):
         description="isolation.level of every consumer of ours: read_committed never turns an "
         "aborted transaction into features or replies.",
     )
+    kafka_group_instance_id: str | None = Field(
+        None,
+        description="Static consumer-group membership: a stable id, unique per worker instance "
+        "(in Kubernetes the pod name), so a restarted worker gets its partitions back without a "
+        "group-wide rebalance. Needs a session timeout longer than a restart.",
+    )
+    kafka_session_timeout_ms: int = Field(
+        6000,
+        ge=1000,
+        description="Consumer-group session timeout of both workers: a worker silent this long "
+        "is presumed dead and its partitions move to the others.",
+    )
+    kafka_heartbeat_interval_ms: int = Field(
+        1000, ge=100, description="How often both workers heartbeat to the group coordinator."
+    )
     redis_url: SecretStr = Field(
         SecretStr(""),
         description="Redis URL (rediss:// for TLS; may carry a password, so kept secret); "

@@ -181,8 +181,9 @@ def create_app(settings: Any, *, handler: BatchHandler) -> FeaturesApp:
         table_standby_replicas=0,
         consumer_auto_offset_reset="earliest",
         # A dead worker's partitions move after the session timeout; heartbeats well inside it.
-        broker_session_timeout=6.0,
-        broker_heartbeat_interval=1.0,
+        broker_session_timeout=settings.kafka_session_timeout_ms / 1000,
+        broker_heartbeat_interval=settings.kafka_heartbeat_interval_ms / 1000,
+        consumer_group_instance_id=settings.kafka_group_instance_id,
         broker_rebalance_timeout=10.0,
         broker_request_timeout=30.0,
         broker_commit_interval=settings.features_commit_interval_s,

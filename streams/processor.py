@@ -27,6 +27,7 @@ from aiokafka.errors import KafkaError
 from schemas import Limits
 from streamrank import clock, kafka
 from streamrank.errors import DependencyUnavailable, KafkaUnavailable
+from streamrank.redis_client import redis_client
 from streams.classify import Classified, Record, classify
 from streams.metrics import FeatureMetrics
 from streams.windows import windows_from_settings
@@ -65,9 +66,7 @@ class FeatureProcessor:
         self._windows = windows_from_settings(settings)
         self._owns_redis = redis is None
         if redis is None:
-            kwargs = settings.redis_client_kwargs()
-            kwargs["socket_timeout"] = settings.features_redis_timeout_s
-            redis = aioredis.from_url(settings.redis_dsn, **kwargs)
+            redis = redis_client(settings, timeout_s=settings.features_redis_timeout_s)
         self._redis = redis
         # Created on first use: aiokafka binds its client to the running loop.
         self._producer = producer

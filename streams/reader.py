@@ -20,6 +20,7 @@ import numpy as np
 import redis.asyncio as aioredis
 
 from streamrank import clock, keys
+from streamrank.redis_client import redis_client
 from streamrank.redis_errors import redis_call
 from streams.windows import Window, window_buckets, windows_from_settings
 
@@ -163,7 +164,7 @@ def _sum_columns(replies: list[list[Any]], width: int) -> np.ndarray:
 
 async def read_user_features(settings: Any, user_id: str) -> dict[str, Any]:
     """``{"user_id", "sequence": [...] (oldest first), "counters": {...}}`` of one user."""
-    client = aioredis.from_url(settings.redis_dsn, **settings.redis_client_kwargs())
+    client = redis_client(settings)
     try:
         reader = FeatureReader(redis=client, settings=settings)
         sequences = await reader.get_sequences([user_id])

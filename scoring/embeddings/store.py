@@ -27,6 +27,7 @@ from scoring.embeddings.publish import TablePublisher
 from scoring.embeddings.validate import check_name
 from streamrank import keys
 from streamrank.errors import ConfigError, EmbeddingError, UnknownVersion
+from streamrank.redis_client import redis_client
 from streamrank.redis_errors import redis_call
 
 logger = logging.getLogger(__name__)
@@ -90,10 +91,10 @@ class EmbeddingStore:
 
     @classmethod
     def from_settings(cls, settings: Any) -> EmbeddingStore:
-        """A store owning a client on ``settings.redis_dsn`` with the settings' timeouts/TLS."""
-        return cls.from_url(
-            settings.redis_dsn,
-            client_kwargs=settings.redis_client_kwargs(),
+        """A store owning a client on the settings' Redis (timeouts, TLS)."""
+        return cls(
+            redis=redis_client(settings),
+            owns_client=True,
             fetch_mode=settings.embedding_fetch_mode,
             configure_redis=settings.embedding_configure_redis,
         )

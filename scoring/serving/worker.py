@@ -43,6 +43,7 @@ from scoring.serving.watcher import Loader, RecentIds, VersionWatcher
 from streamrank import clock, kafka
 from streamrank.errors import UNDECODABLE_BATCH, ContractError, KafkaUnavailable, internal_error
 from streamrank.kafka_guard import UndecodableBatch
+from streamrank.redis_client import redis_client
 from streamrank.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ class ScoringWorker:
     async def start(self) -> None:
         s = self.settings
         configure_torch(s)
-        self._redis = aioredis.from_url(s.redis_dsn, **s.redis_client_kwargs())
+        self._redis = redis_client(s)
         features, embeddings, loader = self._injected
         if features is None or embeddings is None or loader is None:
             features, embeddings, loader = real_dependencies(s, self._redis, self.metrics.registry)
@@ -169,6 +170,7 @@ class ScoringWorker:
             s,
             s.topic_requests,
             group_id=self._group_id,
+            **kafka.group_kwargs(s),
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_poll_records=s.scoring_batch_max,

@@ -13,7 +13,6 @@ import asyncio
 import os
 
 import numpy as np
-import redis.asyncio as aioredis
 import torch
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -24,13 +23,14 @@ from scoring.embeddings.store import EmbeddingStore
 from scoring.model.registry import load_scorer_from_redis
 from scoring.serving.worker import configure_torch
 from streamrank import clock, keys
+from streamrank.redis_client import redis_client
 from streamrank.settings import Settings
 from streams.reader import FeatureReader
 
 
 async def serve(settings: Settings, *, table_version: str, model_version: str) -> None:
     configure_torch(settings)
-    redis = aioredis.from_url(settings.redis_dsn, **settings.redis_client_kwargs())
+    redis = redis_client(settings)
     store = EmbeddingStore(redis=redis)
     meta = await store.table_meta(table_version, keys.ITEM_TABLE)
     scorer, _config = await load_scorer_from_redis(redis, model_version)

@@ -42,6 +42,7 @@ from streamrank import clock, keys
 from streamrank.bench.loadgen import Driver, make_requests, zipf_ids
 from streamrank.devstack import processes
 from streamrank.devstack.processes import ChildProcess, start_child
+from streamrank.redis_client import redis_client
 from streamrank.settings import Settings
 from streamrank.topics import create_topics
 
@@ -242,7 +243,7 @@ async def _run(args: argparse.Namespace, base: Settings, stack_kind: str) -> dic
     naive_settings = settings.model_copy(update={"topic_requests": f"bench-naive-requests-{tag}"})
     await create_topics(settings, topics=(settings.topic_results, settings.topic_dead_letters,
                                           naive_settings.topic_requests))  # fmt: skip
-    redis = aioredis.from_url(settings.redis_dsn, socket_timeout=30)
+    redis = redis_client(settings, timeout_s=30)
     timings: dict[str, float] = {}
     rates = [float(r) for r in args.rates.split(",") if r.strip()]
     n_rate = sum(int(r * args.rate_seconds) for r in rates)

@@ -28,12 +28,12 @@ from typing import Any
 
 import numpy as np
 import orjson
-import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from tqdm import tqdm
 
 from schemas import Limits, decode_click
 from streamrank import clock, keys
+from streamrank.redis_client import redis_client
 from streamrank.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -216,7 +216,7 @@ async def measure_latency(
         start_ms=clock.now_ms(),
     )
     producer = AIOKafkaProducer(**settings.kafka_client_kwargs(), acks=1, linger_ms=0)
-    client = aioredis.from_url(settings.redis_dsn, socket_timeout=5)
+    client = redis_client(settings, timeout_s=5)
     await producer.start()
     pending: dict[int, tuple[str, str, float]] = {}
     latencies: list[float] = []
@@ -287,7 +287,7 @@ async def measure_latency(
 
 
 async def _cleanup(settings: Settings, run: str) -> int:
-    client = aioredis.from_url(settings.redis_dsn, socket_timeout=10)
+    client = redis_client(settings, timeout_s=10)
     deleted = 0
     try:
         for pattern in (

@@ -71,11 +71,9 @@ def _train(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _redis(settings: Settings) -> Any:
-    import redis.asyncio as aioredis
+    from streamrank.redis_client import redis_client
 
-    return aioredis.Redis.from_url(
-        settings.redis_dsn, decode_responses=False, **settings.redis_client_kwargs()
-    )
+    return redis_client(settings)
 
 
 def _publish(args: argparse.Namespace, settings: Settings) -> int:

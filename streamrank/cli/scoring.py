@@ -6,6 +6,7 @@ import argparse
 import asyncio
 from typing import Any
 
+from streamrank.redis_client import redis_client
 from streamrank.settings import Settings
 
 
@@ -60,12 +61,11 @@ def _rank(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def canary(settings: Settings, split: str | None) -> dict[str, Any]:
-    import redis.asyncio as aioredis
 
     from scoring.model.versions import set_split
     from streamrank import keys
 
-    client = aioredis.from_url(settings.redis_dsn, **settings.redis_client_kwargs())
+    client = redis_client(settings)
     try:
         parsed = await set_split(client, split)
         active = await client.get(keys.active_model())
