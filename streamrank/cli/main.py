@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import aiokafka.errors
 
-from streamrank import __version__
+from streamrank import __version__, logs
 from streamrank.cli import (
     bench,
     demo,
@@ -60,11 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"streamrank: invalid settings: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=(args.log_level or config.log_level).upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    logs.configure(args.log_level or config.log_level, config.log_format)
     handler: Handler = args.func
     try:
         return handler(args, config)

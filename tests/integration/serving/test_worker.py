@@ -91,7 +91,7 @@ async def test_normal_path_cold_start_and_oov(
     # an unknown item is scored with the table's OOV row: same as any other unknown id
     oov_other = await offline_scores(redis, va, history, ["another-unknown"])
     assert result.scores[3] == pytest.approx(float(oov_other[0]), abs=1e-5)
-    ok = worker.metrics.requests.labels("ok", "")._value.get()
+    ok = worker.metrics.requests.labels("ok", "", settings.topic_results)._value.get()
     assert ok == 2
     assert await committed_total(settings) == 2  # both answered requests are committed
 
@@ -108,7 +108,12 @@ async def test_expired_deadline_gets_a_degraded_reply_without_compute(
         assert result.degraded and result.reason == replies.EXPIRED
         assert result.scores == (0.5, 0.5)
         assert "forward" not in result.timings_ms
-        assert worker.metrics.requests.labels("degraded", "expired")._value.get() == 1
+        assert (
+            worker.metrics.requests.labels(
+                "degraded", "expired", settings.topic_results
+            )._value.get()
+            == 1
+        )
 
 
 async def test_bad_requests_go_to_dead_letters_with_error_replies(
