@@ -81,13 +81,15 @@ def client_id(kind: str, instance_id: str | None = None) -> str:
 
 
 async def publish(redis: Any, group: str, member: Member, *, ttl_s: float = TTL_S) -> None:
-    """Write (or refresh) ``member``'s entry; the key lives ``ttl_s`` past the last write."""
+    """Write (or refresh) ``member``'s entry, valid for ``ttl_s``. The key itself lives
+    ``TTL_S`` (at least) past the last write of any member, so a group whose workers are all
+    gone leaves nothing behind."""
     expires = clock.now_ms() + int(ttl_s * 1000)
     key = keys.group_members(group)
     with redis_call(f"publishing the assignment of {member.member} in group {group}"):
         pipe = redis.pipeline(transaction=False)
         pipe.hset(key, member.member, member.to_json(expires=expires))
-        pipe.pexpire(key, int(ttl_s * 1000))
+        pipe.pexpire(key, int(max(ttl_s, TTL_S) * 1000))
         await pipe.execute()
 
 

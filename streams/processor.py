@@ -24,8 +24,8 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from schemas import Limits
-from streamrank import clock, kafka
+from schemas import Limits, peek_field
+from streamrank import clock, kafka, logs
 from streamrank.errors import DependencyUnavailable, KafkaUnavailable
 from streamrank.redis_client import redis_client
 from streams.classify import Classified, Record, classify
@@ -47,6 +47,15 @@ class BatchOutcome:
     duplicates: int
     forwarded: int
     dead_lettered: int
+
+
+def offset_spans(records: Sequence[Record]) -> dict[tuple[str, int], tuple[int, int]]:
+    """(topic, partition) -> (first, last) offset of a batch."""
+    spans: dict[tuple[str, int], tuple[int, int]] = {}
+    for r in records:
+        first, last = spans.get((r.topic, r.partition), (r.offset, r.offset))
+        spans[(r.topic, r.partition)] = (min(first, r.offset), max(last, r.offset))
+    return spans
 
 
 class FeatureProcessor:
@@ -136,8 +145,38 @@ class FeatureProcessor:
         m.events_duplicate.inc(duplicates)
         m.events_forwarded.inc(len(classified.forward))
         m.events_too_old.inc(call.too_old_for_counters)
-        for reason, _letter in classified.dead:
+        for reason, letter in classified.dead:
             m.dead_letters.labels(reason).inc()
+            logger.info(
+                "dead-lettered %s[%s]@%s: %s",
+                letter.source_topic,
+                letter.partition,
+                letter.offset,
+                letter.error,
+                extra={
+                    **logs.record_fields(letter.source_topic, letter.partition, letter.offset),
+                    "user_id": peek_field(letter.payload, "user_id"),
+                    "event_id": peek_field(letter.payload, "event_id"),
+                    "reason": reason,
+                },
+            )
+        if logger.isEnabledFor(logging.DEBUG):
+            for event in classified.forward:
+                logger.debug(
+                    "re-keyed click %s of user %s",
+                    event.event_id,
+                    event.user_id,
+                    extra={"user_id": event.user_id, "event_id": event.event_id},
+                )
+            for (topic, partition), (first, last) in offset_spans(records).items():
+                logger.debug(
+                    "applied %s[%s] offsets %s-%s",
+                    topic,
+                    partition,
+                    first,
+                    last,
+                    extra=logs.record_fields(topic, partition, last, first_offset=first),
+                )
         m.skipped_records.inc(classified.skipped)
         if classified.apply:
             newest = max(event.ts for event in classified.apply)
