@@ -18,6 +18,7 @@ from streamrank import __version__, logs
 from streamrank.cli import (
     bench,
     demo,
+    dlq,
     embeddings,
     features,
     lag,
@@ -26,6 +27,7 @@ from streamrank.cli import (
     scoring,
     settings,
     stack,
+    tail,
 )
 from streamrank.cli.common import Handler, settings_from_args
 from streamrank.errors import StreamrankError, one_line
@@ -33,7 +35,9 @@ from streamrank.redis_errors import TRANSIENT as REDIS_TRANSIENT
 
 logger = logging.getLogger("streamrank")
 
-COMMANDS = (stack, demo, bench, settings, lag, embeddings, features, model, scoring, replay)
+COMMANDS = (
+    stack, demo, bench, settings, lag, tail, dlq, embeddings, features, model, scoring, replay,
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
