@@ -28,6 +28,7 @@ from streamrank.cli import (
     settings,
     stack,
     tail,
+    top,
 )
 from streamrank.cli.common import Handler, settings_from_args
 from streamrank.errors import StreamrankError, one_line
@@ -36,7 +37,7 @@ from streamrank.redis_errors import TRANSIENT as REDIS_TRANSIENT
 logger = logging.getLogger("streamrank")
 
 COMMANDS = (
-    stack, demo, bench, settings, lag, tail, dlq, embeddings, features, model, scoring, replay,
+    stack, demo, bench, settings, lag, tail, dlq, top, embeddings, features, model, scoring, replay,
 )  # fmt: skip
 
 

@@ -1,10 +1,13 @@
 """A real Prometheus (the Debian package), on loopback in a temp dir, with
 deploy/prometheus/prometheus.yml and alerts.yml, scrapes a running scoring and features
-worker; its HTTP API answers `up`, the latency histogram and a histogram_quantile over it."""
+worker; its HTTP API answers `up`, the latency histogram and a histogram_quantile over it.
+`streamrank top` reads the same endpoints."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sys
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -18,12 +21,13 @@ import yaml
 
 from scoring.client import RankClient
 from streamrank import keys
+from streamrank.clock import now_ms
 from streamrank.devstack.processes import ChildProcess, start_child, start_worker
 from streamrank.devstack.stack import free_port
 from streamrank.settings import Settings
 from streamrank.topics import create_topics
 from tests.conftest import require_tool
-from tests.integration.support.features import poll
+from tests.integration.support.features import click, poll, produce
 from tests.integration.support.scoring import item_ids, publish
 
 pytestmark = pytest.mark.timeout(300)
@@ -54,6 +58,14 @@ def api(port: int, path: str) -> Any:
 
 def query(port: int, expr: str) -> list[dict[str, Any]]:
     return list(api(port, f"query?query={urllib.parse.quote(expr)}")["result"])
+
+
+async def current_version(settings: Settings) -> str:
+    redis = aioredis.from_url(settings.redis_dsn)
+    try:
+        return (await redis.get(keys.active_model())).decode()
+    finally:
+        await redis.aclose()
 
 
 @pytest.fixture
@@ -89,6 +101,7 @@ async def test_prometheus_scrapes_both_workers_and_answers_queries(
     workers: tuple[Settings, dict[str, int]],
     tiny_artifacts: tuple[Path, Path],
     tmp_path: Path,
+    unique: str,
 ) -> None:
     settings, ports = workers
     await create_topics(settings)
@@ -99,8 +112,30 @@ async def test_prometheus_scrapes_both_workers_and_answers_queries(
         await redis.aclose()
     items = item_ids(tiny_artifacts[0])[:5]
     async with RankClient(settings=settings) as client:
-        for i in range(20):
-            await client.rank(f"u{i}", items, timeout=60)
+        await client.rank("warm-up", items, timeout=60)
+        # `streamrank top` over a window with traffic: its figures come from the same /metrics
+        top = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "streamrank.cli", "top", "--once", "--every", "5", "--json",
+            "--features", f"http://127.0.0.1:{ports['features']}/metrics",
+            "--scoring", f"http://127.0.0.1:{ports['scoring']}/metrics",
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        # traffic until top is done (it starts in a second or two: a Python process)
+        n = 0
+        while top.returncode is None and n < 2000:
+            await produce(settings, [(b"u1", click(f"e{n}-{unique}", "u1", items[0], now_ms()))])
+            await client.rank(f"u{n}", items, timeout=60)
+            n += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(top.wait(), 0.05)
+        out, _ = await asyncio.wait_for(top.communicate(), 60)
+    shown = orjson.loads(out)
+    assert shown["up"] == {"features": 1, "scoring": 1}
+    assert shown["scoring"]["requests_per_s"] > 0 and shown["scoring"]["p99_ms"] > 0
+    assert shown["features"]["clicks_applied_per_s"] > 0
+    assert shown["scoring"]["stage_mean_ms"]["forward"] > 0, shown
+    assert list(shown["scoring"]["models"]) == [await current_version(settings)]
+    assert set(shown["lag"]) == {"features", "scoring"}
 
     config = tmp_path / "prometheus.yml"
     config.write_text(
