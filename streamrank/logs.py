@@ -14,6 +14,15 @@ from typing import Any
 
 from pythonjsonlogger.json import JsonFormatter
 
+__all__ = [
+    "JsonFormatter",
+    "configure",
+    "dict_config",
+    "formatter",
+    "record_fields",
+    "request_fields",
+]
+
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _JSON_FIELDS = "%(asctime)s %(levelname)s %(name)s %(process)d %(message)s"
 

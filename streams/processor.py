@@ -49,15 +49,6 @@ class BatchOutcome:
     dead_lettered: int
 
 
-def offset_spans(records: Sequence[Record]) -> dict[tuple[str, int], tuple[int, int]]:
-    """(topic, partition) -> (first, last) offset of a batch."""
-    spans: dict[tuple[str, int], tuple[int, int]] = {}
-    for r in records:
-        first, last = spans.get((r.topic, r.partition), (r.offset, r.offset))
-        spans[(r.topic, r.partition)] = (min(first, r.offset), max(last, r.offset))
-    return spans
-
-
 class FeatureProcessor:
     """Applies batches of click records; owns its Redis client and Kafka producer."""
 
@@ -168,14 +159,25 @@ class FeatureProcessor:
                     event.user_id,
                     extra={"user_id": event.user_id, "event_id": event.event_id},
                 )
-            for (topic, partition), (first, last) in offset_spans(records).items():
+            for event, (topic, partition, offset) in zip(
+                classified.apply, classified.applied_at, strict=True
+            ):
                 logger.debug(
-                    "applied %s[%s] offsets %s-%s",
+                    "click %s of user %s at %s[%s]@%s in a batch of %d (%d applied, the rest "
+                    "seen before)",
+                    event.event_id,
+                    event.user_id,
                     topic,
                     partition,
-                    first,
-                    last,
-                    extra=logs.record_fields(topic, partition, last, first_offset=first),
+                    offset,
+                    len(records),
+                    applied,
+                    extra={
+                        **logs.record_fields(topic, partition, offset),
+                        "user_id": event.user_id,
+                        "event_id": event.event_id,
+                        "item_id": event.item_id,
+                    },
                 )
         m.skipped_records.inc(classified.skipped)
         if classified.apply:
