@@ -82,7 +82,8 @@ def spread(members: list[groups.Member], topic: str) -> dict[str, list[int]]:
 
 async def settled(settings: Settings, group: str, topic: str, *, members: int, partitions: int,
                   timeout_s: float = 90.0) -> dict[str, list[int]]:  # fmt: skip
-    """Until ``members`` registered members own all ``partitions`` once each."""
+    """Until ``members`` registered members own all ``partitions`` once each, every member at
+    least one (a member that just joined is registered with none until it is assigned)."""
     redis = redis_client(settings)
     deadline = time.monotonic() + timeout_s
     last: dict[str, list[int]] = {}
@@ -90,7 +91,8 @@ async def settled(settings: Settings, group: str, topic: str, *, members: int, p
         while time.monotonic() < deadline:
             last = spread(await groups.members(redis, group), topic)
             owned = sorted(p for ps in last.values() for p in ps)
-            if len(last) == members and owned == list(range(partitions)):
+            everyone = all(last.values()) or members > partitions
+            if len(last) == members and owned == list(range(partitions)) and everyone:
                 return last
             await asyncio.sleep(0.2)
     finally:
