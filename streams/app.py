@@ -195,7 +195,11 @@ def create_app(settings: Any, *, handler: BatchHandler) -> FeaturesApp:
         broker_session_timeout=settings.kafka_session_timeout_ms / 1000,
         broker_heartbeat_interval=settings.kafka_heartbeat_interval_ms / 1000,
         consumer_group_instance_id=settings.kafka_group_instance_id,
-        broker_rebalance_timeout=10.0,
+        # members get this long to rejoin a rebalance: at least the session timeout (Faust's
+        # 10 s default is shorter than a static-membership session, and the embedded broker
+        # pads each join by a share of it), else a busy member misses the rejoin and the group
+        # rebalances again
+        broker_rebalance_timeout=max(10.0, settings.kafka_session_timeout_ms / 1000),
         broker_request_timeout=30.0,
         broker_commit_interval=settings.features_commit_interval_s,
         broker_commit_every=10 * settings.features_batch_size,

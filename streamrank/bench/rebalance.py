@@ -55,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--click-rate", type=float, default=500.0, help="clicks per second")
     parser.add_argument("--no-features", action="store_true", help="skip the features part")
     parser.add_argument("--items", type=int, default=2000, help="item table of the model")
+    parser.add_argument(
+        "--logs", type=Path, help="keep the workers' logs here (default: discarded)"
+    )
 
 
 def window_stats(
@@ -299,7 +302,11 @@ def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
         bench_stack(settings) as (s, kind),
         tempfile.TemporaryDirectory(prefix="rebalance-") as tmp,
     ):
-        return asyncio.run(_run(args, s, kind, modes, Path(tmp)))
+        work = Path(tmp)
+        if args.logs is not None:
+            work = args.logs
+            work.mkdir(parents=True, exist_ok=True)
+        return asyncio.run(_run(args, s, kind, modes, work))
 
 
 async def _run(

@@ -20,7 +20,18 @@ PARTITIONS = 6
 
 def test_groups_scale_under_load_without_losing_anything(stack: StackInfo, tmp_path: Path) -> None:
     args = bench_parser("rebalance").parse_args(
-        ["--phase-s", "10", "--rate", "20", "--click-rate", "200", "--partitions", str(PARTITIONS)]
+        [
+            "--phase-s",
+            "10",
+            "--rate",
+            "20",
+            "--click-rate",
+            "200",
+            "--partitions",
+            str(PARTITIONS),
+            "--logs",
+            str(tmp_path),
+        ]
     )
     result = rebalance.run(args, stack.settings())
     modes = {run["membership"]: run for run in result["scoring"]}
