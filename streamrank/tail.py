@@ -314,11 +314,12 @@ async def tail(
         for tp in tps:
             found = by_time.get(tp)
             consumer.seek(tp, start.position(begins[tp], ends[tp], found.offset if found else None))
+        # the partitions still to read (with --follow: all of them, for ever)
         pending = {tp for tp in tps if follow or await consumer.position(tp) < ends[tp]}
         newest_first = start.kind == "last" and not follow
         held: list[Message] = []
-        while pending or follow:
-            batches = await consumer.getmany(*pending, timeout_ms=500) if pending else {}
+        while pending:
+            batches = await consumer.getmany(*pending, timeout_ms=500)
             for tp, records in batches.items():
                 for record in records:
                     if not follow and record.offset >= ends[tp]:
@@ -344,8 +345,6 @@ async def tail(
                 for tp in list(pending):
                     if await consumer.position(tp) >= ends[tp]:
                         pending.discard(tp)
-            elif not pending:
-                pending = set(tps)
             await asyncio.sleep(0)
         # "the last N": the newest across partitions, in time order
         held.sort(key=lambda m: (m.timestamp, m.partition, m.offset))

@@ -373,9 +373,13 @@ class ScoringWorker:
         return True
 
     def _observe_lag(self, records: Sequence[ConsumerRecord[Any, Any]]) -> None:
-        """Requests behind each partition's high watermark once this batch is answered."""
+        """Requests behind each partition's high watermark once this batch is answered (only
+        for partitions still assigned: a rebalance may have moved some while it was scored)."""
         assert self._consumer is not None
+        assigned = self._consumer.assignment()
         for tp, last in last_offsets(records).items():
+            if tp not in assigned:
+                continue
             highwater = self._consumer.highwater(tp)
             if highwater is not None:
                 self.metrics.set_lag(tp.topic, tp.partition, max(0, highwater - (last + 1)))

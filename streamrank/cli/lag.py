@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import time
 from typing import Any
+
+import orjson
 
 from streamrank.cli.common import print_json, run_async
 from streamrank.settings import Settings
@@ -101,9 +104,10 @@ async def _watch(
     from rich.console import Console
     from rich.live import Live
 
-    if as_json:
+    if as_json:  # JSON lines: one document per refresh
         while True:
-            print_json(await collect(settings, wanted))
+            sys.stdout.write(orjson.dumps(await collect(settings, wanted)).decode() + "\n")
+            sys.stdout.flush()
             await asyncio.sleep(every_s)
     with Live(
         render(await collect(settings, wanted)), console=Console(), auto_refresh=False
@@ -120,7 +124,9 @@ def register(sub: Any) -> None:
     parser.add_argument("worker", nargs="?", choices=("features", "scoring"))
     parser.add_argument("--group", help="consumer group id (default: the worker kind's setting)")
     parser.add_argument("--topic", help="topic of --group (default: the worker kind's topic)")
-    parser.add_argument("--json", action="store_true", help="one JSON document (per refresh)")
+    parser.add_argument(
+        "--json", action="store_true", help="one JSON document (with --watch: one line each)"
+    )
     parser.add_argument(
         "--watch",
         nargs="?",

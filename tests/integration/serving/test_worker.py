@@ -342,3 +342,33 @@ async def test_batch_fetched_after_a_rewind_commits_normally(
         assert await worker.process(records, after=before, rewinds=worker.rewinds - 1) is False
     finally:
         await worker.stop()
+
+
+async def test_a_batch_of_a_partition_moved_away_meanwhile_is_answered_without_crashing(
+    make_settings: Callable[..., Settings], unique: str, versions: tuple[str, str]
+) -> None:
+    """A rebalance can take a partition away while one of its batches is being scored: the
+    batch is still answered, and the lag gauge skips the partition (reading its high watermark
+    raised an AssertionError that stopped the worker)."""
+    from aiokafka import ConsumerRecord
+    from prometheus_client import CollectorRegistry
+
+    from schemas import RankRequest
+    from scoring.serving.worker import ScoringWorker
+
+    settings = worker_settings(make_settings, unique)
+    await create_topics(settings)
+    worker = ScoringWorker(settings=settings, registry=CollectorRegistry())
+    await worker.start()
+    try:
+        value = RankRequest(f"r-moved-{unique}", "u1", ("a", "b")).to_json()
+        moved = ConsumerRecord(
+            topic=settings.topic_requests, partition=settings.topic_partitions + 5, offset=0,
+            timestamp=int(time.time() * 1000), timestamp_type=0, key=b"u1", value=value,
+            checksum=None, serialized_key_size=2, serialized_value_size=len(value), headers=(),
+        )  # fmt: skip
+        assert await worker.process([moved]) is True
+        [reply] = await read_topic(settings, settings.topic_results, want=1)
+        assert reply["request_id"] == f"r-moved-{unique}"
+    finally:
+        await worker.stop()

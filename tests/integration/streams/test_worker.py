@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -53,6 +54,20 @@ async def topic_ends(settings: Settings) -> dict[int, int]:
     return ends
 
 
+def watch_lag(settings: Settings, refreshes: int) -> list[dict]:  # type: ignore[type-arg]
+    """`streamrank lag features --watch 0.5 --json`: that many refreshes, then Ctrl-C."""
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "streamrank.cli", "lag", "features", "--watch", "0.5", "--json"],
+        stdout=subprocess.PIPE, env={**os.environ, **settings.as_env()}, text=True,
+    )  # fmt: skip
+    assert watch.stdout is not None
+    try:
+        return [orjson.loads(watch.stdout.readline()) for _ in range(refreshes)]
+    finally:
+        watch.send_signal(signal.SIGINT)
+        assert watch.wait(30) == 0
+
+
 async def assert_operable(settings: Settings, port: int) -> None:
     """Beside /metrics: liveness, readiness, the group metrics, and `streamrank lag` naming
     this worker as the owner of every partition."""
@@ -91,6 +106,9 @@ async def assert_operable(settings: Settings, port: int) -> None:
     )
     assert f"owners from {info['owners_from']}" in text.stdout, text.stdout
     assert member["member"] in text.stdout
+    # --watch refreshes until Ctrl-C
+    refreshes = await asyncio.to_thread(watch_lag, settings, 3)
+    assert all(r["features"]["members"][0]["member"] == member["member"] for r in refreshes)
 
 
 @pytest.mark.parametrize("path", ["batch", "agent"])
