@@ -21,8 +21,13 @@ def _wanted(args: argparse.Namespace, settings: Settings) -> dict[str, tuple[str
         "scoring": (settings.scoring_group_id, settings.topic_requests),
     }
     if args.group and not args.worker:
-        # a group of someone else's: on the topic given, else on ours by the group's kind
-        topic = args.topic or settings.topic_requests
+        # any group: on --topic, or on the topic of the worker kind whose group it is
+        known = {group: topic for group, topic in groups.values()}
+        topic = args.topic or known.get(args.group)
+        if topic is None:
+            raise SystemExit(
+                f"streamrank lag: say which topic group {args.group!r} reads: --topic T"
+            )
         return {args.group: (args.group, topic)}
     wanted = {kind: groups[kind] for kind in ([args.worker] if args.worker else list(groups))}
     if args.group:

@@ -58,9 +58,13 @@ def test_compose_commands_exist_and_metrics_ports_match() -> None:
     for name in ("topics", "features", "scoring"):
         command = compose["services"][name]["command"]
         parser.parse_args(command)  # exits (SystemExit) on an unknown command
+    healthcheck_keys = {"test", "interval", "timeout", "retries", "start_period", "start_interval"}
     for kind in ("features", "scoring"):
         env = compose["services"][kind]["environment"]
         assert env["STREAMRANK_METRICS_PORT"] == str(DEFAULT_PORTS[kind])
+        check = compose["services"][kind]["healthcheck"]
+        assert set(check) <= healthcheck_keys, set(check)
+        assert f"127.0.0.1:{DEFAULT_PORTS[kind]}/readyz" in " ".join(check["test"])
     prometheus = load_all(ROOT / "deploy/prometheus/prometheus.yml")[0]
     ports = {
         job["job_name"]: job["dns_sd_configs"][0]["port"] for job in prometheus["scrape_configs"]
