@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 TORCH_VERSION = 2.13.0
 
-.PHONY: setup demo test lint typecheck unit stack-up stack-down clean docs
+.PHONY: setup demo test test-slow lint typecheck unit stack-up stack-down clean docs
 
 setup: $(STAMP)
 
@@ -33,8 +33,13 @@ typecheck: setup
 unit: setup
 	$(BIN)/pytest -q tests/unit
 
+# The slow tests (faults under load with real processes, the short soak, ...) run apart:
+# `make test-slow` (CI runs both; see docs/reliability.md).
 test: setup lint typecheck
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -m "not slow"
+
+test-slow: setup
+	$(BIN)/pytest -q -m slow
 
 docs: setup
 	$(BIN)/python -m streamrank.cli.docs README.md

@@ -154,9 +154,11 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _cmdline(pid: int, *, settle_s: float = 1.0) -> str:
+def _cmdline(pid: int, *, settle_s: float = 5.0) -> str:
     """The command line of ``pid``. It reads empty while the process is between fork and exec
-    (a child we have just started) or once it has exited: read again for up to ``settle_s``."""
+    (a child we have just started) and while it exits (its memory is being released, which
+    takes a while for a large process, before it becomes a zombie): read again for up to
+    ``settle_s``, until it reads something or the process is gone."""
     deadline = time.monotonic() + settle_s
     while True:
         try:
@@ -237,7 +239,7 @@ class EmbeddedStack:
             pid_file.unlink()
             return None
         cmdline = _cmdline(pid)
-        if not _pid_alive(pid):  # gone, or a zombie nobody reaped: not a foreign process
+        if not _pid_alive(pid):  # gone, exiting, or a zombie nobody reaped: not a foreign process
             logger.warning("removing stale pid file %s (pid %s is not running)", pid_file, pid)
             pid_file.unlink()
             return None
@@ -306,18 +308,25 @@ class EmbeddedStack:
             pid = self._running_pid(spec)
             if pid is None:
                 continue
-            os.kill(pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):  # exited since it was looked up
+                os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + timeout_s
             while _pid_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
             if _pid_alive(pid):
                 logger.warning("%s (pid %s) ignored SIGTERM; sending SIGKILL", spec.name, pid)
-                os.kill(pid, signal.SIGKILL)
-                deadline = time.monotonic() + 5
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                deadline = time.monotonic() + 10
                 while _pid_alive(pid) and time.monotonic() < deadline:
                     time.sleep(0.05)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)  # our own child (the test fixture's): reap it
+            if _pid_alive(pid):
+                raise StackError(
+                    f"{spec.name} (pid {pid}) did not exit even after SIGKILL (stuck in the "
+                    f"kernel?); {self._pid_file(spec.name)} is kept: check `ps -o stat {pid}`"
+                )
             self._pid_file(spec.name).unlink(missing_ok=True)
             stopped.append(spec.name)
         return stopped
