@@ -38,10 +38,11 @@ from scoring.serving.breaker import CircuitBreaker
 from scoring.serving.metrics import ScoringMetrics
 from scoring.serving.offsets import OffsetBook, first_offsets, rewind_targets
 from scoring.serving.protocols import EmbeddingSource, FeatureSource
+from scoring.serving.rebalance import CommitOnRevoke
 from scoring.serving.service import Incoming, Ranked, RankService
 from scoring.serving.watcher import Loader, RecentIds, VersionWatcher
 from streamrank import clock, kafka
-from streamrank.errors import UNDECODABLE_BATCH, ContractError, KafkaUnavailable, internal_error
+from streamrank.errors import UNDECODABLE_BATCH, ContractError, internal_error
 from streamrank.kafka_guard import UndecodableBatch
 from streamrank.redis_client import redis_client
 from streamrank.settings import Settings
@@ -121,7 +122,15 @@ class ScoringWorker:
         self.service: RankService | None = None
         self._stopping = asyncio.Event()
         self._offsets = OffsetBook(commit_interval_s=settings.scoring_commit_interval_ms / 1000)
+        self._inflight: collections.deque[asyncio.Task[bool]] = collections.deque()
+        self._holding_commits = False  # a revoke is committing: batches only record offsets
+        self.rebalance = CommitOnRevoke(finish=self.finish_inflight)
         self.batches = 0
+
+    @property
+    def consuming(self) -> bool:
+        """Started (Kafka reached) and not stopped."""
+        return self._consumer is not None and not self._stopping.is_set()
 
     @property
     def rewinds(self) -> int:
@@ -132,7 +141,9 @@ class ScoringWorker:
     async def start(self) -> None:
         s = self.settings
         configure_torch(s)
-        self._redis = redis_client(s)
+        # A request may wait for Redis up to its deadline (RankService bounds each wait), so the
+        # socket timeout must not cut it shorter than the default budget.
+        self._redis = redis_client(s, timeout_s=max(s.redis_timeout_s, s.scoring_budget_ms / 1000))
         features, embeddings, loader = self._injected
         if features is None or embeddings is None or loader is None:
             features, embeddings, loader = real_dependencies(s, self._redis, self.metrics.registry)
@@ -166,9 +177,8 @@ class ScoringWorker:
             logger.warning("could not read the model pointer at start (%s); will retry", exc)
         self.watcher.start()
         self._producer = kafka.producer(s, acks="all", linger_ms=1)
-        self._consumer = kafka.consumer(
+        consumer = kafka.consumer(
             s,
-            s.topic_requests,
             group_id=self._group_id,
             **kafka.group_kwargs(s),
             enable_auto_commit=False,
@@ -176,20 +186,22 @@ class ScoringWorker:
             max_poll_records=s.scoring_batch_max,
             fetch_max_wait_ms=s.scoring_fetch_wait_ms,
         )
+        consumer.subscribe([s.topic_requests], listener=self.rebalance)
         try:
-            await self._producer.start()
-            await self._consumer.start()
-        except KafkaError as exc:
+            await kafka.start_with_retry(
+                s, [self._producer.start, consumer.start], what="scoring worker"
+            )
+        except BaseException:  # not reachable in time, or stopped while waiting
+            self._consumer = consumer
             await self.stop()
-            raise KafkaUnavailable(
-                f"cannot reach Kafka at {s.kafka_bootstrap}: {exc}; is the stack up?"
-            ) from exc
+            raise
+        self._consumer = consumer
         logger.info(
             "scoring worker consuming %s as group %s (isolation_level %s, replies compressed "
             "with %s); serving %s",
             s.topic_requests,
             self._group_id,
-            self._consumer._isolation_level,
+            consumer._isolation_level,
             s.kafka_compression,
             self.watcher.describe(),
         )
@@ -249,7 +261,7 @@ class ScoringWorker:
         (it waits for the GIL between torch ops). Offsets are still committed in order: a batch
         commits only after the one before it did.
         """
-        inflight: collections.deque[asyncio.Task[bool]] = collections.deque()
+        inflight = self._inflight
         try:
             while not self._stopping.is_set():
                 while inflight and inflight[0].done():
@@ -270,6 +282,31 @@ class ScoringWorker:
         finally:
             for task in inflight:
                 task.cancel()
+            inflight.clear()
+
+    async def finish_inflight(self, timeout_s: float = 10.0) -> None:
+        """Let the batches in flight finish (their replies produced and acknowledged), then
+        commit every answered offset: what the rebalance listener does before partitions move.
+        Waits at most ``timeout_s`` (a batch stuck longer is answered again by the new owner)."""
+        self._holding_commits = True
+        try:
+            pending = [t for t in self._inflight if not t.done()]
+            if pending:
+                _done, late = await asyncio.wait(pending, timeout=timeout_s)
+                if late:
+                    logger.warning(
+                        "%d batches still in flight after %.0fs at a rebalance; their requests "
+                        "may be answered twice",
+                        len(late),
+                        timeout_s,
+                    )
+            await self.commit_answered()
+        except Exception:
+            logger.exception(
+                "committing before a rebalance failed; some requests may be answered twice"
+            )
+        finally:
+            self._holding_commits = False
 
     async def process(
         self,
@@ -427,7 +464,7 @@ class ScoringWorker:
     async def _commit(self, records: Sequence[ConsumerRecord[Any, Any]]) -> None:
         """Mark a batch answered; commit what is answered when a commit is due."""
         self._offsets.answered(records)
-        if self._offsets.due():
+        if self._offsets.due() and not self._holding_commits:
             await self.commit_answered()
 
     async def commit_answered(self) -> None:
@@ -435,6 +472,9 @@ class ScoringWorker:
         if self._consumer is None:
             return
         offsets = self._offsets.take()
+        # Partitions that moved away since: their new owner answers from the last commit.
+        assigned = self._consumer.assignment()
+        offsets = {tp: offset for tp, offset in offsets.items() if tp in assigned}
         if not offsets:
             return
         try:

@@ -44,12 +44,19 @@ def _codecs() -> ModuleType:
     return codecs
 
 
+def _drive() -> ModuleType:
+    from streamrank.bench import drive
+
+    return drive
+
+
 BENCHMARKS: dict[str, tuple[Callable[[], ModuleType], str]] = {
     "streams": (_streams, "feature worker throughput and click-to-visible latency"),
     "embeddings": (_embeddings, "embedding store memory, cache hit rates, lookup latency"),
     "scoring": (_scoring, "end-to-end ranking throughput and latency"),
     "model": (_model, "DIN forward throughput: straightforward vs serving split"),
     "codecs": (_codecs, "bytes and CPU of each producer compression codec"),
+    "drive": (_drive, "steady clicks and rank requests, every message and reply recorded"),
 }
 
 

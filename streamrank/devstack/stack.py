@@ -427,6 +427,52 @@ class RedisServer:
             os.kill(self.child.pid, signal.SIGCONT)
 
 
+class KafkaBroker:
+    """A private embedded broker (Tansu, memory only) on ``port``, for fault tests: it can be
+    stopped, started again (empty), paused (SIGSTOP: a hung broker) and resumed."""
+
+    def __init__(self, *, port: int, run_dir: Path) -> None:
+        self.port = port
+        self.run_dir = Path(run_dir)
+        self.child: ChildProcess | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
+        self.child = start_child(
+            kafka_spec(self.port).argv,
+            what="private kafka broker",
+            log_path=self.run_dir / f"kafka-{self.port}.log",
+            env=env,
+            cwd=self.run_dir,
+        )
+        deadline = time.monotonic() + timeout_s
+        while not (port_in_use(self.port) and kafka_answers(self.bootstrap)):
+            if not self.child.alive() or time.monotonic() > deadline:
+                raise StackError(
+                    f"the private broker on {self.port} did not start; see {self.child.log_path}"
+                )
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.child is not None:
+            self.resume()
+            self.child.stop(timeout_s=10)
+            self.child = None
+
+    def pause(self) -> None:
+        """SIGSTOP: connections stay open, nothing is answered."""
+        if self.child is not None and self.child.alive():
+            os.kill(self.child.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.child is not None and self.child.alive():
+            os.kill(self.child.pid, signal.SIGCONT)
+
+
 @contextmanager
 def private_redis(
     run_dir: Path,
