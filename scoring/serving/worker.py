@@ -420,14 +420,14 @@ class ScoringWorker:
         out = [_Outgoing(s.topic_dead_letters, record.key or b"", letter.to_json())]
         if exc.reason == UNDECODABLE_BATCH:
             return out  # no request in it can be read, so no one to answer
-        request_id = peek_request_id(record.value)
+        request_id = peek_request_id(record.value, max_length=self._limits.max_id_length)
         if request_id is not None:
             result = replies.error_reply(
                 request_id, "", replies.INVALID_REQUEST, f"{exc.reason}: {exc}", now_ms=at
             )
             # The caller listens where it asked to be answered, when that topic is allowed.
             topic = replies.reply_topic(
-                peek_field(record.value, "reply_to"),
+                peek_field(record.value, "reply_to", max_length=self._limits.max_id_length),
                 default=s.topic_results,
                 allowed=s.reply_topics_allowed,
             )
