@@ -18,6 +18,7 @@ from tests.integration.support.reliability import (
     assert_clicks_applied_once,
     assert_degraded_only_within,
     now_ms,
+    report,
     rig,
 )
 
@@ -55,10 +56,12 @@ async def test_broker_unreachable_at_start_then_appears(
         for worker in (features, scoring):
             await wait_logged(worker, "is unreachable", 60)
         await asyncio.sleep(4)  # several retries
+        appeared = now_ms()
         await asyncio.to_thread(broker.start)
         await r.prepare()  # topics and the model, now that there is a broker
         await asyncio.to_thread(features.wait_ready, 120)
         await asyncio.to_thread(scoring.wait_ready, 120)
+        ready_s = round((now_ms() - appeared) / 1000, 1)
         r.drive(seconds=8, click_rate=50, request_rate=30)
         run = await r.finish()
         await assert_clicks_applied_once(r.settings, run)
@@ -68,6 +71,8 @@ async def test_broker_unreachable_at_start_then_appears(
         log = worker.log_text()
         assert log.count("is unreachable") == 1, log[-3000:]  # one line, not one per retry
         assert "answered after" in log
+    report("broker unreachable at start (appears after 4 s)", run, start_ms=appeared,
+           end_ms=appeared, serving_after_broker_s=ready_s)  # fmt: skip
 
 
 async def test_broker_unreachable_past_the_limit_is_a_clear_exit(
@@ -115,6 +120,4 @@ async def test_broker_stalled_10s_under_load(
         reasons={"expired"},
     )  # fmt: skip
     assert run.degraded(), "a 10 s stall with a 3 s budget must expire some requests"
-    print(f"\nbroker stalled 10 s: {len(run.clicks)} clicks applied once, {len(run.requests)} "
-          f"requests answered, {len(run.degraded())} degraded {run.reasons()}, "
-          f"{run.duplicates()} duplicate replies")  # fmt: skip
+    report("broker stalled (SIGSTOP 10 s)", run, start_ms=stalled_at, end_ms=resumed_at)

@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from streamrank.settings import Settings
-from tests.integration.support.reliability import assert_alive, assert_clicks_applied_once, rig
+from tests.integration.support.reliability import (
+    assert_alive,
+    assert_clicks_applied_once,
+    now_ms,
+    report,
+    rig,
+)
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -25,12 +31,19 @@ async def test_features_worker_killed_mid_batch_and_restarted(
         await r.prepare()
         worker = r.worker("features", "features-1")
         r.drive(seconds=25, click_rate=300, users=60)
+        kills = []
         for restart in (2, 3):
             await asyncio.sleep(6)
             assert worker.alive(), worker.log_text()[-3000:]
+            kills.append(now_ms())
             worker.kill()
             worker = r.worker("features", f"features-{restart}")
         run = await r.finish()
         await assert_clicks_applied_once(r.settings, run, timeout_s=120)
         assert_alive(worker)
-    print(f"\nfeatures worker killed twice: {len(run.clicks)} clicks, each applied once")
+    report(
+        "features worker SIGKILL mid-batch (twice), restarted",
+        run,
+        start_ms=kills[0],
+        end_ms=kills[-1],
+    )

@@ -284,7 +284,7 @@ async def test_size_limits_hold_end_to_end(hostile: Hostile) -> None:
                              "items": hostile.items[:1] * 501})),
     ]  # fmt: skip
     counts = await account(hostile, clicks, requests)
-    print(f"\nsize limits: {counts}")
+    print(f"\nRELIABILITY-INPUT size limits: {orjson.dumps(counts).decode()}")
     client = redis_client(s)
     try:
         from streams.reader import FeatureReader
@@ -389,4 +389,5 @@ def test_a_hostile_corpus_is_accounted_for(hostile: Hostile, data: st.DataObject
     kinds = (Counter(k for k, _, _ in clicks), Counter(k for k, _, _ in requests))
     counts = asyncio.run(account(hostile, [(k, v) for _, k, v in clicks],
                                  [(k, v) for _, k, v in requests]))  # fmt: skip
-    print(f"\nhostile corpus: {counts}; kinds {dict(kinds[0])} / {dict(kinds[1])}")
+    print(f"\nRELIABILITY-INPUT corpus: {orjson.dumps(counts).decode()}; kinds "
+          f"{dict(kinds[0])} / {dict(kinds[1])}")  # fmt: skip

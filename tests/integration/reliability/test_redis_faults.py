@@ -17,6 +17,7 @@ from tests.integration.support.reliability import (
     assert_clicks_applied_once,
     assert_degraded_only_within,
     now_ms,
+    report,
     rig,
 )
 
@@ -48,11 +49,7 @@ async def test_redis_killed_and_restarted_under_load(
     window = (down_at - r.settings.scoring_budget_ms, up_at + 5000)
     assert_degraded_only_within(run, [window], reasons={"redis_unavailable", "breaker_open"})
     assert run.degraded(), "Redis was down for 4 s: some replies must be degraded"
-    # Recovery: the last degraded request, by when it was sent, after the restart.
-    recovered = max(request["sent_ms"] for request, _reply in run.degraded()) - up_at
-    print(f"\nRedis killed 4 s: {len(run.clicks)} clicks applied once, {len(run.requests)} "
-          f"requests answered, {len(run.degraded())} degraded {run.reasons()}, "
-          f"{run.duplicates()} duplicate replies, degraded until {recovered} ms after restart")  # fmt: skip
+    report("Redis killed (SIGKILL, 4 s down, restarted)", run, start_ms=down_at, end_ms=up_at)
 
 
 async def test_redis_paused_longer_than_the_budget(
@@ -84,6 +81,10 @@ async def test_redis_paused_longer_than_the_budget(
     # Answered at the deadline, not when the pause ended (up to 3 s later): a loaded machine
     # may add some scheduling delay.
     assert late.max() < 500, f"degraded replies served up to {late.max()} ms after the deadline"
-    print(f"\nRedis paused 3 s (budget {budget} ms): {len(run.requests)} requests answered, "
-          f"{len(degraded)} degraded {run.reasons()}; served after the deadline by at most "
-          f"{late.max():.0f} ms (p50 {np.median(late):.0f} ms)")  # fmt: skip
+    report(
+        f"Redis paused (CLIENT PAUSE 3 s, budget {budget} ms)",
+        run,
+        start_ms=paused_at,
+        end_ms=paused_at + 3000,
+        served_after_deadline_max_ms=round(float(late.max())),
+    )

@@ -16,6 +16,7 @@ from tests.integration.support.reliability import (
     assert_all_answered,
     assert_degraded_only_within,
     now_ms,
+    report,
     rig,
 )
 
@@ -42,8 +43,7 @@ async def test_sigkill_one_of_two_the_survivor_takes_over(
     assert_all_answered(run)
     # Requests that waited for the failover past their deadline are answered "expired".
     assert_degraded_only_within(run, [(killed_at - 3000, killed_at + 30_000)], reasons={"expired"})
-    print(f"\nSIGKILL: {len(run.requests)} requests, {run.duplicates()} duplicate replies, "
-          f"{len(run.degraded())} degraded {run.reasons()}")  # fmt: skip
+    report("scoring worker SIGKILL (1 of 2)", run, start_ms=killed_at, end_ms=killed_at)
 
 
 async def test_sigterm_one_of_two_gives_no_duplicate_reply(
@@ -58,6 +58,7 @@ async def test_sigterm_one_of_two_gives_no_duplicate_reply(
         first, second = r.worker("scoring", "s1"), r.worker("scoring", "s2")
         r.drive(seconds=25, request_rate=60)
         await r.wait_flowing(replies=300)
+        stopped_at = now_ms()
         assert first.stop(timeout_s=30) == 0, first.log_text()[-3000:]
         run = await r.finish()
         assert_alive(second)
@@ -65,7 +66,7 @@ async def test_sigterm_one_of_two_gives_no_duplicate_reply(
     assert_all_answered(run)
     assert run.duplicates() == 0, f"{run.duplicates()} duplicate replies"
     assert not run.degraded(), run.reasons()
-    print(f"\nSIGTERM: {len(run.requests)} requests, 0 duplicates, 0 degraded")
+    report("scoring worker SIGTERM (1 of 2)", run, start_ms=stopped_at, end_ms=stopped_at)
 
 
 # (session timeout ms, heartbeat ms, request budget ms, the most degraded share asserted)
@@ -124,9 +125,14 @@ async def test_failover_scenario_degraded_share(
             else "other"
         )
         by_fault[fault] += 1
-    print(f"\nfailover scenario ({name}: session {session} ms, heartbeat {heartbeat} ms, budget "
-          f"{budget} ms): {len(run.requests)} requests, {len(run.degraded())} degraded "
-          f"({share:.1%}) {run.reasons()}, by fault {by_fault}, {run.duplicates()} "
-          "duplicate replies")  # fmt: skip
+    report(
+        f"failover scenario, {name} (session {session} ms, heartbeat {heartbeat} ms, "
+        f"budget {budget} ms)",
+        run,
+        start_ms=killed_at,
+        end_ms=paused_at + 5000,
+        degraded_share=round(share, 3),
+        degraded_by_fault=by_fault,
+    )
     if most is not None:
         assert share <= most

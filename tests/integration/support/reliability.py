@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -231,3 +232,34 @@ def assert_alive(*workers: WorkerProcess) -> None:
     for worker in workers:
         assert worker.alive(), f"{worker.what} died:\n{worker.log_text()[-3000:]}"
         assert "Traceback" not in worker.log_text(), worker.log_text()[-3000:]
+
+
+def report(
+    fault: str, run: Run, *, start_ms: int, end_ms: int, dead_lettered: int = 0, **extra: Any
+) -> dict[str, Any]:
+    """One row of the fault table of docs/reliability.md, printed (``pytest -s``) and appended
+    to ``$STREAMRANK_RELIABILITY_REPORT`` when set. Recovery: from the end of the fault to the
+    last request (by send time) answered degraded."""
+    degraded = run.degraded()
+    last = max((r["sent_ms"] for r, _reply in degraded), default=None)
+    row = {
+        "fault": fault,
+        "clicks": len(run.clicks),
+        "requests": len(run.requests),
+        "answered": len(run.first_replies()),
+        "dead_lettered": dead_lettered,
+        "duplicate_replies": run.duplicates(),
+        "lost": len(run.unanswered()),
+        "degraded": len(degraded),
+        "reasons": run.reasons(),
+        "fault_s": round((end_ms - start_ms) / 1000, 1),
+        "recovery_s": None if last is None else round(max(0, last - end_ms) / 1000, 1),
+        **extra,
+    }
+    line = orjson.dumps(row).decode()
+    print(f"\nRELIABILITY {line}")
+    target = os.environ.get("STREAMRANK_RELIABILITY_REPORT")
+    if target:
+        with open(target, "a") as out:
+            out.write(line + "\n")
+    return row
