@@ -33,11 +33,11 @@ typecheck: setup
 unit: setup
 	$(BIN)/pytest -q tests/unit
 
-# The slow tests (faults under load with real processes, the short soak, ...) run apart:
-# `make test-slow` (CI runs both; see docs/reliability.md).
 test: setup lint typecheck
 	$(BIN)/pytest -q -m "not slow"
 
+# Tests marked slow (minutes each: faults under load, hostile input, the short soak, the
+# consumer-group scale test, ...); CI runs them too (see docs/reliability.md).
 test-slow: setup
 	$(BIN)/pytest -q -m slow
 

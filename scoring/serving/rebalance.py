@@ -1,21 +1,19 @@
-"""The scoring worker's consumer-group rebalance listener: commit what was answered before a
-partition moves.
+"""The scoring worker's consumer-group rebalance listener (aiokafka's public extension point).
 
-aiokafka calls :meth:`on_partitions_revoked` when this member's partitions are about to be
-taken away (another worker joined or left, or this one is rejoining) and awaits it before
-rejoining. The listener lets the batches in flight finish (their replies are produced) and
-commits every answered offset, so the partition's next owner starts right after the last
-answered request instead of answering the uncommitted ones again (duplicate replies). If this
-member was already evicted, the commit fails (``CommitFailedError``): the new owner then
-answers those requests again, which clients tolerate.
-
-:meth:`on_partitions_assigned` runs the hooks given to the constructor (``on_assigned``):
-the place to publish or record an assignment.
+aiokafka calls :meth:`~RebalanceListener.on_partitions_revoked` before a rebalance (another
+worker joined or left, or this one is rejoining) and
+:meth:`~RebalanceListener.on_partitions_assigned` after it, on the consumer's event loop, and
+waits for both. At each the worker is told (``on_revoked`` / ``on_assigned``: readiness,
+rebalance metrics, the group registry's membership). Before partitions move, ``finish`` lets the
+batches in flight complete (their replies are produced) and commits every answered offset, so
+the partition's next owner starts right after the last answered request instead of answering
+the uncommitted ones again (duplicate replies). If this member was already evicted, the commit
+fails (``CommitFailedError``): the new owner then answers those requests again, which clients
+tolerate.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -24,8 +22,7 @@ from aiokafka import ConsumerRebalanceListener, TopicPartition
 
 logger = logging.getLogger(__name__)
 
-Partitions = frozenset[TopicPartition]
-AssignedHook = Callable[[Partitions], Awaitable[None] | None]
+Hook = Callable[[set[TopicPartition]], Awaitable[None]]
 
 
 def describe(partitions: Iterable[TopicPartition]) -> str:
@@ -34,39 +31,44 @@ def describe(partitions: Iterable[TopicPartition]) -> str:
     for tp in partitions:
         by_topic.setdefault(tp.topic, []).append(tp.partition)
     if not by_topic:
-        return "nothing"
+        return "none"
     return " ".join(f"{t}[{','.join(map(str, sorted(p)))}]" for t, p in sorted(by_topic.items()))
 
 
-class CommitOnRevoke(ConsumerRebalanceListener):
-    """``consumer.subscribe([topic], listener=CommitOnRevoke(finish=worker.finish_inflight))``.
+class RebalanceListener(ConsumerRebalanceListener):
+    """``consumer.subscribe([topic], listener=RebalanceListener(finish=..., on_assigned=...,
+    on_revoked=...))``.
 
-    ``finish`` lets the batches in flight complete and commits every answered offset (the
-    worker bounds how long it waits). ``on_assigned`` hooks run after each assignment."""
+    On revoke: ``on_revoked`` with the partitions, then (when this member held any) ``finish``,
+    which completes the batches in flight and commits every answered offset (the worker bounds
+    how long it waits). On assign: ``on_assigned`` with the new assignment."""
 
     def __init__(
         self,
         *,
-        finish: Callable[[], Awaitable[None]],
-        on_assigned: Iterable[AssignedHook] = (),
+        finish: Callable[[], Awaitable[None]] | None = None,
+        on_assigned: Hook | None = None,
+        on_revoked: Hook | None = None,
     ) -> None:
         self._finish = finish
-        self._on_assigned = list(on_assigned)
-        self.revocations = 0
+        self._on_assigned = on_assigned
+        self._on_revoked = on_revoked
+        self.revocations = 0  # revokes of a non-empty assignment
         self.assignments = 0
-        self.assigned: Partitions = frozenset()
-
-    def add_assigned_hook(self, hook: AssignedHook) -> None:
-        self._on_assigned.append(hook)
+        self.assigned: frozenset[TopicPartition] = frozenset()
 
     async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
-        revoked = frozenset(revoked)
-        if not revoked:
-            return  # the first join: nothing was held
-        self.revocations += 1
+        revoked = set(revoked)
         started = time.monotonic()
-        # aiokafka logs (and swallows) what a listener raises; finish() logs its own failures.
-        await self._finish()
+        # aiokafka logs (and swallows) what a listener raises; the hooks log their own failures.
+        if self._on_revoked is not None:
+            await self._on_revoked(set(revoked))
+        if not revoked:  # the first join, or a member that held nothing: nothing to commit
+            logger.info("partitions revoked: none")
+            return
+        self.revocations += 1
+        if self._finish is not None:
+            await self._finish()
         logger.info(
             "partitions revoked: %s (in-flight batches finished and answered offsets committed "
             "in %.0f ms)",
@@ -77,8 +79,5 @@ class CommitOnRevoke(ConsumerRebalanceListener):
     async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         self.assigned = frozenset(assigned)
         self.assignments += 1
-        logger.info("partitions assigned: %s", describe(self.assigned))
-        for hook in self._on_assigned:
-            result = hook(self.assigned)
-            if inspect.isawaitable(result):
-                await result
+        if self._on_assigned is not None:
+            await self._on_assigned(set(self.assigned))

@@ -15,7 +15,7 @@ async def serve(worker: Any, settings: Settings, metrics_port: int | None) -> No
     from streamrank.metrics_http import resolve_port, serve_metrics
 
     port = resolve_port(metrics_port, settings.metrics_port, "scoring")
-    server = serve_metrics(worker.metrics.registry, port)
+    server = serve_metrics(worker.metrics.registry, port, health=worker.health)
     try:
         async with worker:
             await worker.run()
