@@ -50,6 +50,18 @@ def _codecs() -> ModuleType:
     return codecs
 
 
+def _drive() -> ModuleType:
+    from streamrank.bench import drive
+
+    return drive
+
+
+def _soak() -> ModuleType:
+    from streamrank.bench import soak
+
+    return soak
+
+
 BENCHMARKS: dict[str, tuple[Callable[[], ModuleType], str]] = {
     "streams": (_streams, "feature worker throughput and click-to-visible latency"),
     "embeddings": (_embeddings, "embedding store memory, cache hit rates, lookup latency"),
@@ -57,6 +69,8 @@ BENCHMARKS: dict[str, tuple[Callable[[], ModuleType], str]] = {
     "model": (_model, "DIN forward throughput: straightforward vs serving split"),
     "codecs": (_codecs, "bytes and CPU of each producer compression codec"),
     "rebalance": (_rebalance, "reply pauses when consumer-group membership changes"),
+    "drive": (_drive, "steady clicks and rank requests, every message and reply recorded"),
+    "soak": (_soak, "sustained load for M minutes: latency, memory, descriptors, lag per minute"),
 }
 
 
