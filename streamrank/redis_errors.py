@@ -2,9 +2,13 @@
 
 A Redis that does not answer, times out, is loading its dataset after a restart, or is a
 replica that has just lost its master role (``READONLY`` during a failover) may answer the same
-call a moment later: all of these become :class:`~streamrank.errors.RedisUnavailable`
-(retriable). Anything else Redis says (a wrong type, a script error) is a bug or bad data and
-is left as it is.
+call a moment later. So may a Redis Cluster while a slot has no master (``CLUSTERDOWN``, a slot
+the client finds uncovered, a replica answering ``MASTERDOWN``), while a slot moves between
+nodes (``TRYAGAIN`` for a multi-key command whose keys are split, an ``ASK``/``MOVED`` chain the
+client gives up on: ``ClusterError("TTL exhausted")``), when no startup node answers, or when a
+node's connection pool is exhausted (``MaxConnectionsError``). All of these become
+:class:`~streamrank.errors.RedisUnavailable` (retriable). Anything else Redis says (a wrong
+type, a script error, a cross-slot command: a bug of ours) is left as it is.
 """
 
 from __future__ import annotations
@@ -12,22 +16,48 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from redis.exceptions import BusyLoadingError, ReadOnlyError
+from redis.exceptions import (
+    AskError,
+    BusyLoadingError,
+    ClusterError,
+    ReadOnlyError,
+    RedisClusterException,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streamrank.errors import RedisUnavailable
 
-# BusyLoadingError is a ConnectionError; listed for the reader. OSError: a socket error that
-# escapes redis-py while the server goes away mid-reply (seen with the features worker's writes
-# when Redis was stopped under load).
+# BusyLoadingError and MaxConnectionsError are ConnectionErrors, MasterDownError and
+# ClusterDownError ClusterErrors, MovedError an AskError: listed by their bases. OSError: a
+# socket error that escapes redis-py while the server goes away mid-reply (seen with the
+# features worker's writes when Redis was stopped under load). SlotNotCoveredError is not a
+# RedisError (redis-py raises it before sending anything).
 TRANSIENT: tuple[type[Exception], ...] = (
     RedisConnectionError,
     RedisTimeoutError,
     BusyLoadingError,
     ReadOnlyError,
+    ClusterError,
+    TryAgainError,
+    AskError,
+    SlotNotCoveredError,
     OSError,
 )
+# What redis-py's cluster client says when it cannot build a slot map (no startup node answers,
+# or they disagree during a failover); the other RedisClusterExceptions are usage errors.
+_CLUSTER_OUTAGES = ("cannot be connected", "slots are not covered", "could not agree")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Redis failure that the same call may not meet a moment later."""
+    if isinstance(exc, TRANSIENT):
+        return True
+    if isinstance(exc, RedisClusterException):
+        return isinstance(exc.__cause__, TRANSIENT) or any(m in str(exc) for m in _CLUSTER_OUTAGES)
+    return False
 
 
 def unavailable(exc: BaseException, doing: str, then: str = "") -> RedisUnavailable:
@@ -43,5 +73,7 @@ def redis_call(doing: str, then: str = "") -> Iterator[None]:
     become :class:`RedisUnavailable` naming what was being done (and ``then``)."""
     try:
         yield
-    except TRANSIENT as exc:
-        raise unavailable(exc, doing, then) from exc
+    except Exception as exc:
+        if is_transient(exc):
+            raise unavailable(exc, doing, then) from exc
+        raise

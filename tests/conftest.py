@@ -3,6 +3,10 @@
 Unit tests (tests/unit) need none of this. Integration tests (tests/integration) get a real
 Tansu broker and a real Redis, started once per session on free ports, or the ones named by
 ``STREAMRANK_TEST_KAFKA_BOOTSTRAP`` and ``STREAMRANK_TEST_REDIS_URL`` when both are set.
+``STREAMRANK_TEST_REDIS=cluster`` makes that Redis a local Redis Cluster (3 masters, 3
+replicas; ``make test`` runs the integration tests once on each); a ``redis+cluster://``
+``STREAMRANK_TEST_REDIS_URL`` names an external cluster. Tests that only make sense on one
+server (they stop and start a private redis-server) carry ``@pytest.mark.standalone_only``.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +28,19 @@ class StackInfo:
     bootstrap: str
     redis_url: str
     run_dir: Path
+
+    @property
+    def redis_cluster(self) -> bool:
+        return self.redis_url.partition("://")[0].endswith("+cluster")
+
+    def sync_redis(self) -> Any:
+        """A blocking client on the stack's Redis (a cluster client on a cluster)."""
+        import redis
+        from redis.cluster import RedisCluster
+
+        if self.redis_cluster:
+            return RedisCluster.from_url(self.redis_url.replace("+cluster://", "://", 1))
+        return redis.Redis.from_url(self.redis_url)
 
     def settings(self, **overrides: object) -> Settings:
         base: dict[str, object] = {
@@ -46,8 +64,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
         return
     from streamrank.devstack.stack import EmbeddedStack, free_port
 
-    embedded = EmbeddedStack(run_dir=run_dir, kafka_port=free_port(), redis_port=free_port())
-    embedded.up(timeout_s=60)
+    cluster = os.environ.get("STREAMRANK_TEST_REDIS", "standalone") == "cluster"
+    if cluster:
+        from streamrank.devstack.cluster import free_base_port
+
+        redis_port = free_base_port(6)
+    else:
+        redis_port = free_port()
+    embedded = EmbeddedStack(
+        run_dir=run_dir, kafka_port=free_port(), redis_port=redis_port, redis_cluster=cluster
+    )
+    embedded.up(timeout_s=120)
     saved = {k: os.environ.get(k) for k in ("STREAMRANK_KAFKA_BOOTSTRAP", "STREAMRANK_REDIS_URL")}
     # Subprocesses started by tests (workers, CLI) find the stack through the environment.
     os.environ["STREAMRANK_KAFKA_BOOTSTRAP"] = embedded.bootstrap
@@ -61,6 +88,18 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
             else:
                 os.environ[key] = value
         embedded.down()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    on_cluster = os.environ.get("STREAMRANK_TEST_REDIS") == "cluster" or (
+        os.environ.get("STREAMRANK_TEST_REDIS_URL", "").partition("://")[0].endswith("+cluster")
+    )
+    for item in items:
+        skip_on = "standalone_only" if on_cluster else "cluster_only"
+        marker = item.get_closest_marker(skip_on)
+        if marker is not None:
+            reason = marker.args[0] if marker.args else skip_on
+            item.add_marker(pytest.mark.skip(reason=f"{skip_on.replace('_', ' ')}: {reason}"))
 
 
 @pytest.fixture

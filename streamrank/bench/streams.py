@@ -287,20 +287,18 @@ async def measure_latency(
 
 
 async def _cleanup(settings: Settings, run: str) -> int:
+    """Delete the run's keys (every master of a cluster is scanned) and its item counts."""
     client = redis_client(settings, timeout_s=10)
     deleted = 0
     try:
         for pattern in (
-            keys.sequence(f"{run}-*"),
-            keys.seen(f"{run}-*"),
-            keys.user_counter_bucket(f"{run}-*", 0, 0).rsplit(":", 2)[0] + ":*",
+            keys.user_keys_pattern(f"{run}-*"),
+            keys.item_keys_pattern(f"seen:{run}-"),
         ):
             batch = [k async for k in client.scan_iter(match=pattern, count=5000)]
             for i in range(0, len(batch), 5000):
                 deleted += await client.unlink(*batch[i : i + 5000])
-        async for key in client.scan_iter(
-            match=keys.item_counter_bucket(0, 0)[: -len("0:0")] + "*"
-        ):
+        async for key in client.scan_iter(match=keys.item_keys_pattern("cnt")):
             fields = [f async for f, _ in client.hscan_iter(key, match=f"{run}-*")]
             if fields:
                 await client.hdel(key, *fields)

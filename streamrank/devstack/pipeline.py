@@ -28,16 +28,26 @@ def stack_or_private(
     settings: Settings, *, run_dir: Path, say: Any = print
 ) -> Iterator[tuple[Settings, EmbeddedStack | None]]:
     """The stack ``settings`` point to when it answers; else a private embedded stack on free
-    ports under ``run_dir``, stopped on exit. Yields the settings to use and the private stack."""
+    ports under ``run_dir`` (its Redis a local cluster when the settings name a cluster),
+    stopped on exit. Yields the settings to use and the private stack."""
     if stack_answers(settings):
         yield settings, None
         return
-    stack = EmbeddedStack(run_dir=run_dir, kafka_port=free_port(), redis_port=free_port())
+    cluster = settings.redis_is_cluster
+    if cluster:
+        from streamrank.devstack.cluster import free_base_port
+
+        redis_port = free_base_port(6)
+    else:
+        redis_port = free_port()
+    stack = EmbeddedStack(
+        run_dir=run_dir, kafka_port=free_port(), redis_port=redis_port, redis_cluster=cluster
+    )
     say(
         f"nothing answers at {settings.kafka_bootstrap} / Redis; starting a private embedded "
         f"stack (kafka {stack.bootstrap}, redis {stack.redis_url})"
     )
-    stack.up(timeout_s=60)
+    stack.up(timeout_s=120)
     try:
         yield (
             settings.model_copy(

@@ -32,6 +32,8 @@ from streamrank.errors import StackError
 logger = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
+CLUSTER_REPLICAS = 1  # the embedded Redis Cluster: 3 masters with one replica each
+CLUSTER_NODES = 3 * (1 + CLUSTER_REPLICAS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,9 +189,10 @@ def kafka_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
 
 
 def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
-    """True when Redis answers PING."""
+    """True when Redis answers PING (for a ``redis+cluster://`` URL: the node it names)."""
     import redis
 
+    url = url.replace("+cluster://", "://", 1)
     client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     try:
         return bool(client.ping())
@@ -200,20 +203,50 @@ def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
 
 
 class EmbeddedStack:
-    """Start, stop and inspect the embedded broker and Redis under one run directory."""
+    """Start, stop and inspect the embedded broker and Redis under one run directory.
 
-    def __init__(self, *, run_dir: Path, kafka_port: int, redis_port: int) -> None:
+    ``redis_cluster``: Redis is a local Redis Cluster (:mod:`streamrank.devstack.cluster`: 3
+    masters and 3 replicas on ``redis_port`` .. ``redis_port + 5``) instead of one server;
+    None: whatever this run directory's stack was started as (so ``down`` and ``status`` need
+    no flag)."""
+
+    def __init__(
+        self,
+        *,
+        run_dir: Path,
+        kafka_port: int,
+        redis_port: int,
+        redis_cluster: bool | None = None,
+        node_timeout_ms: int | None = None,
+    ) -> None:
+        from streamrank.devstack import cluster
+
         self.run_dir = Path(run_dir).resolve()
         self.kafka_port = kafka_port
         self.redis_port = redis_port
+        marker = self._cluster_marker.exists()
+        self.redis_cluster = marker if redis_cluster is None else redis_cluster
+        self.node_timeout_ms = node_timeout_ms or cluster.DEFAULT_NODE_TIMEOUT_MS
+
+    @property
+    def _cluster_marker(self) -> Path:
+        return self.run_dir / "redis-cluster"
 
     @property
     def bootstrap(self) -> str:
         return f"{HOST}:{self.kafka_port}"
 
     @property
+    def redis_ports(self) -> list[int]:
+        """The Redis server's port, or the cluster nodes' (masters first, then replicas)."""
+        if self.redis_cluster:
+            return list(range(self.redis_port, self.redis_port + CLUSTER_NODES))
+        return [self.redis_port]
+
+    @property
     def redis_url(self) -> str:
-        return f"redis://{HOST}:{self.redis_port}/0"
+        scheme = "redis+cluster" if self.redis_cluster else "redis"
+        return f"{scheme}://{HOST}:{self.redis_port}/0"
 
     def _pid_file(self, name: str) -> Path:
         return self.run_dir / f"{name}.pid"
@@ -222,7 +255,16 @@ class EmbeddedStack:
         return self.run_dir / f"{name}.log"
 
     def _specs(self) -> list[ServiceSpec]:
-        return [kafka_spec(self.kafka_port), redis_spec(self.redis_port, self.run_dir)]
+        from streamrank.devstack.cluster import cluster_args
+
+        specs = [kafka_spec(self.kafka_port)]
+        if not self.redis_cluster:
+            return [*specs, redis_spec(self.redis_port, self.run_dir)]
+        for port in self.redis_ports:
+            argv = redis_spec(port, self.run_dir).argv
+            argv += cluster_args(port, self.run_dir, node_timeout_ms=self.node_timeout_ms)
+            specs.append(ServiceSpec(f"redis-{port}", port, argv))
+        return specs
 
     def _running_pid(self, spec: ServiceSpec) -> int | None:
         """The pid of our process for this service, or None; removes a stale pid file."""
@@ -247,14 +289,32 @@ class EmbeddedStack:
             )
         return pid
 
-    def _answers(self, name: str) -> bool:
-        if name == "kafka":
+    def _answers(self, spec: ServiceSpec) -> bool:
+        if spec.name == "kafka":
             return port_in_use(self.kafka_port) and kafka_answers(self.bootstrap)
-        return redis_answers(self.redis_url)
+        return redis_answers(f"redis://{HOST}:{spec.port}/0")
+
+    def _check_mode(self) -> None:
+        """Refuse to start one kind of Redis where the other kind of this stack runs."""
+        other = EmbeddedStack(
+            run_dir=self.run_dir, kafka_port=self.kafka_port, redis_port=self.redis_port,
+            redis_cluster=not self.redis_cluster,
+        )  # fmt: skip
+        running = [s.name for s in other._specs()[1:] if other._running_pid(s) is not None]
+        if running:
+            kind = "a single Redis" if self.redis_cluster else "a Redis Cluster"
+            raise StackError(
+                f"{kind} of this stack is running in {self.run_dir} ({', '.join(running)}); "
+                "run `streamrank stack down` first"
+            )
 
     def up(self, *, timeout_s: float = 30.0) -> dict[str, Any]:
-        """Start what is not running (idempotent) and wait until both services answer."""
+        """Start what is not running (idempotent) and wait until every service answers (and, for
+        a cluster, until it is formed and ``cluster_state:ok``)."""
+        from streamrank.devstack import cluster
+
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._check_mode()
         started: list[str] = []
         for spec in self._specs():
             if self._running_pid(spec) is not None:
@@ -262,11 +322,17 @@ class EmbeddedStack:
                     "%s already running (pid file %s)", spec.name, self._pid_file(spec.name)
                 )
                 continue
-            if port_in_use(spec.port):
+            service = spec.name.split("-")[0]
+            busy = port_in_use(spec.port)
+            if self.redis_cluster and service == "redis":
+                busy = busy or not cluster.ports_free([spec.port])
+                cluster.forget_config(self.run_dir, [spec.port])  # a fresh node
+            if busy:
                 raise StackError(
-                    f"port {spec.port} on {HOST} is already in use, so the embedded {spec.name} "
-                    f"cannot start; stop whatever listens there or choose another port "
-                    f"(STREAMRANK_STACK_{spec.name.upper()}_PORT or --{spec.name}-port)"
+                    f"port {spec.port} on {HOST} is already in use (a cluster node also needs "
+                    f"port + {cluster.BUS_OFFSET}), so the embedded {spec.name} cannot start; "
+                    "stop whatever listens there or choose another port "
+                    f"(STREAMRANK_STACK_{service.upper()}_PORT or --{service}-port)"
                 )
             env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
             proc = start_child(
@@ -282,7 +348,7 @@ class EmbeddedStack:
             logger.info("started %s (pid %s) on %s:%s", spec.name, proc.pid, HOST, spec.port)
         deadline = time.monotonic() + timeout_s
         for spec in self._specs():
-            while not self._answers(spec.name):
+            while not self._answers(spec):
                 pid = self._running_pid(spec)
                 if pid is None:
                     raise StackError(
@@ -294,12 +360,21 @@ class EmbeddedStack:
                         f"see {self._log_file(spec.name)}"
                     )
                 time.sleep(0.1)
+        if self.redis_cluster:
+            self._cluster_marker.write_text(" ".join(map(str, self.redis_ports)) + "\n")
+            left = max(1.0, deadline - time.monotonic())
+            if not cluster.is_formed(self.redis_port):
+                cluster.create(self.redis_ports, replicas=CLUSTER_REPLICAS, timeout_s=left)
+            else:
+                cluster.wait_ready(self.redis_ports, replicas=CLUSTER_REPLICAS, timeout_s=left)
         status = self.status()
         status["started"] = started
         return status
 
     def down(self, *, timeout_s: float = 10.0) -> list[str]:
         """Stop the processes this run directory's pid files name; return the services stopped."""
+        from streamrank.devstack.cluster import forget_config
+
         stopped: list[str] = []
         for spec in self._specs():
             pid = self._running_pid(spec)
@@ -319,25 +394,56 @@ class EmbeddedStack:
                 os.waitpid(pid, os.WNOHANG)  # our own child (the test fixture's): reap it
             self._pid_file(spec.name).unlink(missing_ok=True)
             stopped.append(spec.name)
+        if self.redis_cluster:
+            forget_config(self.run_dir, self.redis_ports)
+            self._cluster_marker.unlink(missing_ok=True)
         return stopped
 
     def status(self) -> dict[str, Any]:
-        """``{"kafka": {"bootstrap", "up"}, "redis": {"url", "up"}}`` for the stack's ports."""
-        return {
-            "kafka": {"bootstrap": self.bootstrap, "up": self._answers("kafka")},
-            "redis": {"url": self.redis_url, "up": self._answers("redis")},
+        """``{"kafka": {"bootstrap", "up"}, "redis": {"url", "up", "mode"}}`` for the stack's
+        ports; a cluster's also has ``state`` and ``nodes`` (address, role, slots, up, pid)."""
+        specs = self._specs()
+        kafka = {"bootstrap": self.bootstrap, "up": self._answers(specs[0])}
+        if not self.redis_cluster:
+            redis = {"url": self.redis_url, "up": self._answers(specs[1]), "mode": "standalone"}
+            return {"kafka": kafka, "redis": redis}
+        from streamrank.devstack import cluster
+
+        seen: list[Any] = []
+        for port in self.redis_ports:
+            seen = cluster.cluster_nodes(port)
+            if seen:
+                break
+        pids = {spec.port: self._running_pid(spec) for spec in specs[1:]}
+        nodes = [{**n.as_dict(), "pid": pids.get(n.port)} for n in seen]
+        state = cluster.cluster_info(seen[0].port).get("cluster_state", "") if seen else ""
+        redis = {
+            "url": self.redis_url,
+            "up": state == "ok" and len(nodes) == CLUSTER_NODES and all(n["up"] for n in nodes),
+            "mode": "cluster",
+            "state": state or "down",
+            "nodes": nodes,
         }
+        return {"kafka": kafka, "redis": redis}
 
 
 class RedisServer:
     """A private redis-server on ``port`` that can be stopped and started again with its data:
     ``persist="aof"`` (append-only, fsync always), ``"rdb"`` (a SAVE before each stop) or
-    ``"none"`` (memory only)."""
+    ``"none"`` (memory only); ``extra_args`` are more redis-server options (a cluster node's)."""
 
-    def __init__(self, *, port: int, run_dir: Path, persist: str = "rdb") -> None:
+    def __init__(
+        self,
+        *,
+        port: int,
+        run_dir: Path,
+        persist: str = "rdb",
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
         self.port = port
         self.run_dir = Path(run_dir)
         self.persist = persist
+        self.extra_args = extra_args
         self.child: ChildProcess | None = None
 
     @property
@@ -352,6 +458,7 @@ class RedisServer:
         argv = list(redis_spec(self.port, self.run_dir).argv)
         if self.persist == "aof":
             argv += ["--appendonly", "yes", "--appendfsync", "always"]
+        argv += self.extra_args
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.child = start_child(
             argv, what="private redis-server", log_path=self.run_dir / f"redis-{self.port}.log"

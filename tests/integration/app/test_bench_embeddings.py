@@ -44,7 +44,7 @@ def test_private_redis_is_started_and_stopped(stack: StackInfo) -> None:
 
     settings = stack.settings()
     with bench_embeddings.bench_redis(settings, private=True) as (url, started):
-        assert started and url != settings.redis_dsn
+        assert started and url != stack.redis_url
         assert redis_answers(url)
     assert not redis_answers(url)
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import orjson
 import pytest
-import redis.asyncio as aioredis
 
 from schemas import decode_dead_letter, decode_result
 from streamrank import keys
 from streamrank.devstack.processes import WorkerProcess, start_worker
 from streamrank.devstack.stack import free_port
+from streamrank.redis_client import redis_client
 from streamrank.settings import Settings
 from streamrank.topics import create_topics
 from tests.integration.support.features import metric, poll, scrape, sequence_members
@@ -75,7 +75,7 @@ async def workers(
         kafka_compression="lz4",  # our own producers compress too: consumers must read it
     )
     await create_topics(settings)
-    redis = aioredis.from_url(settings.redis_dsn)
+    redis = redis_client(settings)
     try:
         await redis.set(keys.active_model(), await publish(redis, artifact))
     finally:
@@ -141,7 +141,7 @@ async def test_every_codec_with_headers_is_applied_answered_and_dead_lettered(
         )
 
     async def all_applied() -> bool:
-        members = await sequence_members(s.redis_dsn, users.values())
+        members = await sequence_members(s, users.values())
         return all(len(m) == 10 for m in members.values())
 
     await poll(all_applied, timeout_s=60, what="10 clicks of each codec in the sequences")
@@ -217,7 +217,7 @@ async def test_an_undecodable_batch_is_skipped_with_a_dead_letter_and_the_partit
     )
 
     async def applied() -> bool:
-        return len((await sequence_members(s.redis_dsn, [user]))[user]) == 3
+        return len((await sequence_members(s, [user]))[user]) == 3
 
     await poll(applied, timeout_s=60, what="the clicks after the broken batch")
     replies = await in_thread(librdkafka_read, s.kafka_bootstrap, s.topic_results, want=3)
@@ -323,7 +323,7 @@ async def test_aborted_transactions_never_become_features(workers: Workers, uniq
     await in_thread(transactional_produce, s.kafka_bootstrap, s.topic_clicks, aborted, committed)
 
     async def applied() -> list[str]:
-        return (await sequence_members(s.redis_dsn, [user]))[user]
+        return (await sequence_members(s, [user]))[user]
 
     members = await poll(applied, timeout_s=60, what="the committed transaction's clicks")
     await asyncio.sleep(2)
