@@ -14,9 +14,13 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.crc import key_slot
 
 from streamrank.settings import Settings
+
+CLUSTER_RETRIES = 1
 
 
 def redis_client(settings: Settings, *, timeout_s: float | None = None, **options: Any) -> Any:
@@ -57,6 +61,10 @@ def cluster_client(url: str, extra_nodes: tuple[str, ...] = (), **kwargs: Any) -
     request for a slot without a master fails alone, with ``ClusterDownError``)."""
     startup = [ClusterNode(*_host_port(node)) for node in extra_nodes]
     kwargs.setdefault("require_full_coverage", False)
+    # One retry (with a fresh slot map) inside redis-py, then the error: our callers retry with
+    # back-off (features) or reply degraded (scoring). redis-py's default, 3 retries with 0.25 s
+    # pauses, held a batch for 2.5 s while a slot had no master.
+    kwargs.setdefault("retry", Retry(NoBackoff(), CLUSTER_RETRIES))
     return RedisCluster.from_url(url, startup_nodes=startup or None, **kwargs)
 
 

@@ -100,8 +100,9 @@ class Settings(BaseSettings):
         0,
         ge=0,
         description="The features worker counts a batch as durable only once this many "
-        "replicas of every Redis node it wrote have it (WAIT), so a failover cannot lose an "
-        "acknowledged click; 0: the master's reply is enough.",
+        "replicas of every Redis node it wrote (or all the node has, if fewer) acknowledge it "
+        "(WAIT), so a failover cannot lose an acknowledged click; 0: the master's reply is "
+        "enough.",
     )
     redis_wait_timeout_ms: int = Field(
         1000,

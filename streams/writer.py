@@ -31,7 +31,7 @@ import orjson
 from schemas import ClickEvent
 from streamrank import keys
 from streamrank.redis_errors import redis_call
-from streamrank.redis_pipeline import ScriptCall, run_scripts
+from streamrank.redis_pipeline import ReplicaWait, ScriptCall, run_scripts
 from streams.windows import Window, bucket_expire_at_ms, bucket_start
 
 logger = logging.getLogger(__name__)
@@ -250,12 +250,12 @@ def assemble(
 
 class BatchWriter:
     """Runs a batch's script calls; ``await writer.apply(batch)`` returns how many events were
-    new. ``wait_replicas``: see :func:`streamrank.redis_pipeline.run_scripts`."""
+    new. ``wait_replicas``: see :class:`streamrank.redis_pipeline.ReplicaWait`."""
 
     def __init__(self, *, redis: Any, wait_replicas: int = 0, wait_timeout_ms: int = 1000) -> None:
         self._redis = redis
         self._script: Any = redis.register_script(APPLY_BATCH_LUA)
-        self._wait = (wait_replicas, wait_timeout_ms)
+        self._wait = ReplicaWait(wait_replicas, wait_timeout_ms) if wait_replicas else None
 
     async def apply(self, batch: BatchCalls) -> int:
         """Apply one batch; raises RedisUnavailable when Redis does not answer (safe to retry)."""
@@ -265,11 +265,5 @@ class BatchWriter:
             "the feature batch",
             "the batch will be retried; check that Redis is up and STREAMRANK_REDIS_URL is right",
         ):
-            replies = await run_scripts(
-                self._redis,
-                self._script,
-                batch.calls,
-                wait_replicas=self._wait[0],
-                wait_timeout_ms=self._wait[1],
-            )
+            replies = await run_scripts(self._redis, self._script, batch.calls, wait=self._wait)
         return sum(int(r) for r in replies)

@@ -75,10 +75,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
         run_dir=run_dir, kafka_port=free_port(), redis_port=redis_port, redis_cluster=cluster
     )
     embedded.up(timeout_s=120)
-    saved = {k: os.environ.get(k) for k in ("STREAMRANK_KAFKA_BOOTSTRAP", "STREAMRANK_REDIS_URL")}
+    env = embedded.client_env()
+    saved = {k: os.environ.get(k) for k in env}
     # Subprocesses started by tests (workers, CLI) find the stack through the environment.
-    os.environ["STREAMRANK_KAFKA_BOOTSTRAP"] = embedded.bootstrap
-    os.environ["STREAMRANK_REDIS_URL"] = embedded.redis_url
+    os.environ.update(env)
     try:
         yield StackInfo(embedded.bootstrap, embedded.redis_url, run_dir)
     finally:

@@ -28,10 +28,7 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
         status = stack.up(timeout_s=args.timeout)
         _report(status, args.json)
         if not args.json:
-            print(
-                f"export STREAMRANK_KAFKA_BOOTSTRAP={stack.bootstrap} "
-                f"STREAMRANK_REDIS_URL={stack.redis_url}"
-            )
+            print("export " + " ".join(f"{k}={v}" for k, v in stack.client_env().items()))
         return 0
     if args.action == "down":
         stopped = stack.down()

@@ -255,6 +255,12 @@ class LocalCluster:
         """The URL streamrank takes (``redis+cluster://``: a cluster client)."""
         return f"redis+cluster://{HOST}:{self.ports[0]}/0"
 
+    @property
+    def startup_nodes(self) -> tuple[str, ...]:
+        """Every node as ``host:port`` (``STREAMRANK_REDIS_CLUSTER_NODES``): a client started
+        while the URL's node is down finds the cluster through the others."""
+        return tuple(f"{HOST}:{p}" for p in self.ports[1:])
+
     def start(self, timeout_s: float = 60.0) -> LocalCluster:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         forget_config(self.run_dir, self.ports)

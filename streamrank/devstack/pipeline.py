@@ -54,6 +54,11 @@ def stack_or_private(
                 update={
                     "kafka_bootstrap": stack.bootstrap,
                     "redis_url": SecretStr(stack.redis_url),
+                    "redis_cluster_nodes": tuple(
+                        stack.client_env().get("STREAMRANK_REDIS_CLUSTER_NODES", "").split(",")
+                    )
+                    if stack.redis_cluster
+                    else (),
                     "run_dir": run_dir,
                 }
             ),

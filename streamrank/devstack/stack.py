@@ -248,6 +248,15 @@ class EmbeddedStack:
         scheme = "redis+cluster" if self.redis_cluster else "redis"
         return f"{scheme}://{HOST}:{self.redis_port}/0"
 
+    def client_env(self) -> dict[str, str]:
+        """The settings that point a client at this stack (``STREAMRANK_*`` variables)."""
+        env = {"STREAMRANK_KAFKA_BOOTSTRAP": self.bootstrap, "STREAMRANK_REDIS_URL": self.redis_url}
+        if self.redis_cluster:  # the other nodes, for a client started while the first is down
+            env["STREAMRANK_REDIS_CLUSTER_NODES"] = ",".join(
+                f"{HOST}:{p}" for p in self.redis_ports[1:]
+            )
+        return env
+
     def _pid_file(self, name: str) -> Path:
         return self.run_dir / f"{name}.pid"
 

@@ -256,3 +256,30 @@ async def test_batches_commute_so_two_can_be_in_flight(make_settings, redis, uni
     cnt_y = await reader.get_counters(user_ids=users(y), item_ids=items(y), at_ms=now)
     assert strip(x, cnt_x) == strip(y, cnt_y)
     assert sum(c["clicks_1h"] for c in cnt_x["users"].values()) == 40
+
+
+async def test_waiting_for_replicas_puts_every_write_on_a_replica(
+    make_settings, redis, unique, stack, caplog
+) -> None:  # type: ignore[no-untyped-def]
+    """With ``redis_wait_replicas`` a batch returns only once each node's replicas have it, so
+    a master killed right after the reply loses nothing (on a single server without replicas
+    it proceeds and says so)."""
+    import redis as sync_redis
+
+    settings = make_settings()
+    writer = BatchWriter(redis=redis, wait_replicas=1, wait_timeout_ms=5000)
+    now = int(time.time() * 1000)
+    events = [ClickEvent(f"{unique}-{n}", f"w{n % 20}-{unique}", f"i{n}", now, None) for n in range(200)]  # fmt: skip
+    assert await writer.apply(batch_for(settings, events, now, slot_grouping(redis))) == 200
+    if not stack.redis_cluster:
+        assert "fewer than STREAMRANK_REDIS_WAIT_REPLICAS=1" in caplog.text
+        return
+    for n in range(20):  # every user's sequence is on its master's replica already
+        key = keys.sequence(f"w{n}-{unique}")
+        replica = redis.get_node_from_key(key, replica=True)
+        direct = sync_redis.Redis(host=replica.host, port=replica.port)
+        try:
+            direct.execute_command("READONLY")
+            assert direct.zcard(key) == 10
+        finally:
+            direct.close()
