@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 TORCH_VERSION = 2.13.0
 
-.PHONY: setup demo test lint typecheck unit stack-up stack-down clean docs
+.PHONY: setup demo test test-cluster lint typecheck unit stack-up stack-down clean docs
 
 setup: $(STAMP)
 
@@ -33,8 +33,14 @@ typecheck: setup
 unit: setup
 	$(BIN)/pytest -q tests/unit
 
+# Every test on a single Redis, then the integration tests again on a local Redis Cluster
+# (3 masters, 3 replicas, started by the session fixture).
 test: setup lint typecheck
 	$(BIN)/pytest -q
+	STREAMRANK_TEST_REDIS=cluster $(BIN)/pytest -q tests/integration
+
+test-cluster: setup
+	STREAMRANK_TEST_REDIS=cluster $(BIN)/pytest -q tests/integration
 
 docs: setup
 	$(BIN)/python -m streamrank.cli.docs README.md

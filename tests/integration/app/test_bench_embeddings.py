@@ -39,6 +39,7 @@ def test_small_run_reports_every_figure(stack: StackInfo) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.standalone_only("starts a private redis-server, whatever the test Redis is")
 def test_private_redis_is_started_and_stopped(stack: StackInfo) -> None:
     from streamrank.devstack.stack import redis_answers
 

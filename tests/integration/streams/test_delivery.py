@@ -44,6 +44,9 @@ async def total_clicks(settings: Settings, users: list[str]) -> int:
     return sum(c["clicks_1h"] for c in counters["users"].values())
 
 
+@pytest.mark.standalone_only(
+    "stops and starts a private redis-server; the cluster's failover is tests/integration/app/test_failover.py"
+)
 async def test_redis_down_then_back_loses_nothing(
     make_settings, unique, tmp_path, private_redis
 ) -> None:  # type: ignore[no-untyped-def]

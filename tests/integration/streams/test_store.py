@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
+import pytest
 
 from schemas import ClickEvent
 from streamrank import keys
@@ -16,7 +17,7 @@ from streamrank.settings import Settings
 from streams.reader import FeatureReader, SequenceEvent
 from streams.windows import windows_from_settings
 from streams.writer import BatchCalls, BatchWriter, SlotOf, assemble
-from tests.integration.support.embeddings import RoundTrips
+from tests.integration.support.embeddings import RoundTrips, commandstats
 
 
 def batch_for(
@@ -283,3 +284,22 @@ async def test_waiting_for_replicas_puts_every_write_on_a_replica(
             assert direct.zcard(key) == 10
         finally:
             direct.close()
+
+
+@pytest.mark.cluster_only("checks how the session's Redis Cluster spreads one batch")
+async def test_one_batch_spreads_over_every_master_in_one_round_trip(
+    make_settings, redis, unique
+) -> None:  # type: ignore[no-untyped-def]
+    settings = make_settings()
+    now = int(time.time() * 1000)
+    events = [ClickEvent(f"{unique}-{n}", f"s{n % 60}-{unique}", f"i{n}", now, None) for n in range(600)]  # fmt: skip
+    batch = batch_for(settings, events, now, slot_grouping(redis))
+    await redis.initialize()  # the slot map
+    assert len(batch.calls) > 60  # 60 users' slots and up to 16 item shards
+    masters = {redis.get_node_from_key(call.target).name for call in batch.calls}
+    assert masters == {n.name for n in redis.get_primaries()} and len(masters) == 3
+    before = await commandstats(redis)
+    trips = RoundTrips.count
+    assert await BatchWriter(redis=redis).apply(batch) == 600
+    assert RoundTrips.count - trips == 1  # one pipeline: every master written concurrently
+    assert (await commandstats(redis))["evalsha"] - before["evalsha"] == len(batch.calls)
