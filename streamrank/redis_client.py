@@ -1,5 +1,5 @@
 """Every Redis client of ours is made here, from the settings: the URL, timeouts, TLS, and
-whether Redis is one server or a cluster. Callers do not care which they got: the key contract
+whether Redis is one server, one server found through Sentinel, or a cluster. Callers do not care which they got: the key contract
 (:mod:`streamrank.keys`) keeps every multi-key command in one hash slot, and
 :mod:`streamrank.redis_pipeline` sends a batch as one pipeline per node either way. The few
 commands that address servers rather than keys (CONFIG, INFO, SCAN) take
@@ -14,6 +14,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
@@ -33,7 +34,45 @@ def redis_client(settings: Settings, *, timeout_s: float | None = None, **option
     kwargs.update(options)
     if settings.redis_is_cluster:
         return cluster_client(settings.redis_dsn, settings.redis_cluster_nodes, **kwargs)
+    if settings.redis_sentinels:
+        password = settings.redis_sentinel_password
+        return sentinel_client(
+            settings.redis_dsn,
+            settings.redis_sentinels,
+            settings.redis_sentinel_master,
+            sentinel_password=password.get_secret_value() if password else None,
+            **kwargs,
+        )
     return aioredis.from_url(settings.redis_dsn, **kwargs)
+
+
+def sentinel_client(
+    url: str,
+    sentinels: tuple[str, ...],
+    master: str,
+    *,
+    sentinel_password: str | None = None,
+    **kwargs: Any,
+) -> aioredis.Redis:
+    """A client on the master the Sentinels name ``master``: it asks them for the master's
+    address on connecting, and again when the master stops answering or turns out to be a
+    replica (a failover). ``url`` gives the master's password, database and TLS (its host and
+    port are not used)."""
+    from redis.asyncio.sentinel import Sentinel
+
+    params = dict(parse_url(url))
+    params.pop("host", None)
+    params.pop("port", None)
+    if params.pop("connection_class", None) is SSLConnection:
+        params["ssl"] = True
+    params.update(kwargs)
+    sentinel_kwargs = {k: v for k, v in params.items() if k.startswith("socket_")}
+    if sentinel_password:
+        sentinel_kwargs["password"] = sentinel_password
+    manager = Sentinel(
+        [_host_port(node) for node in sentinels], sentinel_kwargs=sentinel_kwargs, **params
+    )
+    return manager.master_for(master)
 
 
 def url_of(settings: Settings) -> str:
@@ -71,7 +110,7 @@ def cluster_client(url: str, extra_nodes: tuple[str, ...] = (), **kwargs: Any) -
 def _host_port(node: str) -> tuple[str, int]:
     host, sep, port = node.strip().rpartition(":")
     if not sep or not host or not port.isdigit():
-        raise ValueError(f"a Redis Cluster node must be host:port, got {node!r}")
+        raise ValueError(f"a Redis node must be host:port, got {node!r}")
     return host, int(port)
 
 

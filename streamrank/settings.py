@@ -96,6 +96,18 @@ class Settings(BaseSettings):
         description="More Redis Cluster startup nodes, host:port comma-separated: tried when "
         "the URL's node does not answer at start.",
     )
+    redis_sentinels: Annotated[tuple[str, ...], NoDecode] = Field(
+        (),
+        description="Redis Sentinel: the Sentinels' host:port, comma-separated. Redis is then "
+        "the master they name redis_sentinel_master (found again after a failover); the URL "
+        "gives only its password, database and TLS.",
+    )
+    redis_sentinel_master: str = Field(
+        "mymaster", description="The master name the Sentinels monitor (sentinel monitor NAME)."
+    )
+    redis_sentinel_password: SecretStr | None = Field(
+        None, description="Password of the Sentinels themselves, when they require one (secret)."
+    )
     redis_wait_replicas: int = Field(
         0,
         ge=0,
@@ -298,7 +310,9 @@ class Settings(BaseSettings):
                 data["redis_url"] = f"redis://127.0.0.1:{data.get('stack_redis_port', 6379)}/0"
         return data
 
-    @field_validator("reply_topics_allowed", "redis_cluster_nodes", mode="before")
+    @field_validator(
+        "reply_topics_allowed", "redis_cluster_nodes", "redis_sentinels", mode="before"
+    )
     @classmethod
     def _split_csv(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -309,6 +323,15 @@ class Settings(BaseSettings):
     def redis_dsn(self) -> str:
         """The Redis URL as redis-py takes it (a ``+cluster`` scheme suffix removed)."""
         return self.redis_url.get_secret_value().replace("+cluster://", "://", 1)
+
+    @model_validator(mode="after")
+    def _one_redis_mode(self) -> Settings:
+        if self.redis_sentinels and self.redis_is_cluster:
+            raise ValueError(
+                "STREAMRANK_REDIS_SENTINELS and a Redis Cluster (STREAMRANK_REDIS_CLUSTER or a "
+                "+cluster URL) exclude each other: set one"
+            )
+        return self
 
     @property
     def redis_is_cluster(self) -> bool:

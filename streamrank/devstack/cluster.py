@@ -85,7 +85,9 @@ def free_base_port(nodes: int, *, attempts: int = 200) -> int:
     raise StackError(f"found no {nodes} consecutive free ports (with bus ports) on {HOST}")
 
 
-def _raw(port: int, *command: str, password: str | None = None, timeout_s: float = 1.0) -> str:
+def server_reply(
+    port: int, *command: str, password: str | None = None, timeout_s: float = 1.0
+) -> str:
     """One command's reply as text, or "" when the node does not answer."""
     import redis
 
@@ -106,7 +108,7 @@ def _raw(port: int, *command: str, password: str | None = None, timeout_s: float
 
 def cluster_info(port: int) -> dict[str, str]:
     """``CLUSTER INFO`` of one node ({} when it does not answer)."""
-    text = _raw(port, "CLUSTER", "INFO")
+    text = server_reply(port, "CLUSTER", "INFO")
     return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
 
 
@@ -149,7 +151,7 @@ def _slot_count(ranges: Sequence[str]) -> int:
 def cluster_nodes(port: int) -> list[NodeState]:
     """Every node as ``port`` sees it (``CLUSTER NODES``; [] when it does not answer)."""
     nodes = []
-    for line in _raw(port, "CLUSTER", "NODES").splitlines():
+    for line in server_reply(port, "CLUSTER", "NODES").splitlines():
         fields = line.split()
         if len(fields) < 8:
             continue
@@ -213,7 +215,7 @@ def _ready(ports: Sequence[int], replicas: int) -> bool:
         if len(followers) != len(masters) * replicas or len(seen) != len(masters) + len(followers):
             return False
     for node in cluster_nodes(ports[0]):
-        if node.role == "replica" and "master_link_status:up" not in _raw(
+        if node.role == "replica" and "master_link_status:up" not in server_reply(
             node.port, "INFO", "replication"
         ):
             return False
