@@ -211,3 +211,68 @@ async def _promoted(survivor: int, replica: int) -> bool:
         return state == "ok" and seen[replica].role == "master" and seen[replica].slots > 0
 
     return await asyncio.to_thread(check)
+
+
+async def test_slots_moved_under_load_lose_nothing_and_apply_nothing_twice(
+    make_settings: Callable[..., Settings], unique: str, tmp_path: Path
+) -> None:
+    """``redis-cli --cluster reshard`` moves a third of the slots while batches are written
+    and read: MOVED/ASK are followed, TRYAGAIN is retried, and every event lands exactly once."""
+    from prometheus_client import CollectorRegistry
+
+    from streamrank.devstack.cluster import redis_cli_binary
+    from streamrank.devstack.processes import run_tool
+    from streams.classify import Record
+    from streams.metrics import FeatureMetrics
+    from streams.processor import FeatureProcessor
+
+    cluster = LocalCluster(run_dir=tmp_path / "cluster", node_timeout_ms=3000)
+    await asyncio.to_thread(cluster.start)
+    try:
+        settings = make_settings(
+            redis_url=cluster.url, redis_cluster_nodes=cluster.startup_nodes, redis_wait_replicas=1
+        )
+        users = [f"{unique}-u{n}" for n in range(200)]
+        now = int(time.time() * 1000)
+        processor = FeatureProcessor(settings=settings, metrics=FeatureMetrics(CollectorRegistry()))
+        reader_client = redis_client(settings, timeout_s=5)
+        reader = FeatureReader(redis=reader_client, settings=settings)
+        await processor.start()
+        source, target = cluster.master_ports()[:2]
+        ids = {n.port: n.node_id for n in cluster.nodes()}
+        reshard = asyncio.create_task(
+            asyncio.to_thread(
+                run_tool,
+                [
+                    redis_cli_binary(), "--cluster", "reshard", f"127.0.0.1:{source}",
+                    "--cluster-from", ids[source], "--cluster-to", ids[target],
+                    "--cluster-slots", "2000", "--cluster-yes", "--cluster-pipeline", "20",
+                ],
+                what="redis-cli --cluster reshard",
+                timeout_s=180,
+            )
+        )  # fmt: skip
+        sent = 0
+        try:
+            while not reshard.done() or sent < 4000:
+                batch = []
+                for k in range(sent, sent + 100):
+                    user = users[k % len(users)]
+                    body = {"event_id": f"{unique}-e{k:06d}", "user_id": user, "item_id": f"i{k % 50}", "ts": now}  # fmt: skip
+                    batch.append(Record("clicks", 0, k, user.encode(), orjson.dumps(body)))
+                outcome = await processor.process(batch)
+                assert outcome.applied + outcome.duplicates == 100
+                sent += 100
+                await reader.get_sequences(users[:32])  # reads while slots move
+            await reshard
+        finally:
+            await processor.stop()
+        moved = {n.port: n.slots for n in cluster.nodes() if n.role == "master"}
+        assert moved[target] >= 5461 + 2000 - 1 and moved[source] <= 5462 - 2000
+        counters = await reader.get_counters(user_ids=users, at_ms=now)
+        await reader_client.aclose()
+        assert sum(c["clicks_24h"] for c in counters["users"].values()) == sent
+        expected = Counter(users[k % len(users)] for k in range(sent))
+        assert {u: c["clicks_24h"] for u, c in counters["users"].items()} == dict(expected)
+    finally:
+        cluster.stop()
