@@ -339,6 +339,13 @@ class Settings(BaseSettings):
         scheme = self.redis_url.get_secret_value().partition("://")[0]
         return self.redis_cluster or scheme.endswith("+cluster")
 
+    @property
+    def redis_mode(self) -> str:
+        """``standalone``, ``sentinel`` or ``cluster``."""
+        if self.redis_is_cluster:
+            return "cluster"
+        return "sentinel" if self.redis_sentinels else "standalone"
+
     def all_topics(self) -> tuple[str, ...]:
         return (self.topic_clicks, self.topic_requests, self.topic_results, self.topic_dead_letters)
 

@@ -321,7 +321,7 @@ async def _run(args: argparse.Namespace, base: Settings, stack_kind: str) -> dic
         "batch_wait_ms": settings.scoring_batch_wait_ms, "torch_threads": settings.torch_threads,
         "pipeline_depth": settings.scoring_pipeline_depth,
         "cpus": os.cpu_count(), "stack": stack_kind, "encoding": "int8",
-        "redis": "cluster" if settings.redis_is_cluster else "standalone",
+        "redis": settings.redis_mode,
     }  # fmt: skip
     result["setup"] = timings
     return result

@@ -381,7 +381,7 @@ async def _bench(settings: Settings, args: argparse.Namespace, work_dir: Path) -
         "events_per_s_vs_raw": round(drain["events_per_s"] / raw, 3),
         "worker_cpu_us_per_event": round(drain["worker_cpu_us_per_event"], 1),
         **latency,
-        "redis": "cluster" if settings.redis_is_cluster else "standalone",
+        "redis": settings.redis_mode,
         # used_memory (summed over masters) grown by the backlog's keys: the users' sequences,
         # counters and dedupe markers (both sides), and the item counters
         "redis_bytes_per_user": round(memory / users, 1),
