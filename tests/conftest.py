@@ -62,18 +62,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
     if bootstrap and redis_url:
         yield StackInfo(bootstrap, redis_url, run_dir)
         return
-    from streamrank.devstack.stack import EmbeddedStack, free_port
+    from streamrank.devstack.stack import EmbeddedStack
 
     cluster = os.environ.get("STREAMRANK_TEST_REDIS", "standalone") == "cluster"
-    if cluster:
-        from streamrank.devstack.cluster import free_base_port
-
-        redis_port = free_base_port(6)
-    else:
-        redis_port = free_port()
-    embedded = EmbeddedStack(
-        run_dir=run_dir, kafka_port=free_port(), redis_port=redis_port, redis_cluster=cluster
-    )
+    embedded = EmbeddedStack.on_free_ports(run_dir, redis_cluster=cluster)
     embedded.up(timeout_s=120)
     env = embedded.client_env()
     saved = {k: os.environ.get(k) for k in env}

@@ -9,6 +9,7 @@ each figure per kind, and cluster / single ratios of the medians.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import statistics
 import tempfile
@@ -25,6 +26,17 @@ logger = logging.getLogger(__name__)
 RunOne = Callable[[Settings, Path], dict[str, Any]]
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--compare-cluster`` and ``--runs``, shared by the benchmarks that take them."""
+    parser.add_argument(
+        "--compare-cluster",
+        action="store_true",
+        help="run on a private single Redis and a private local Redis Cluster, alternating, "
+        "and report the cluster / single ratios of the medians",
+    )
+    parser.add_argument("--runs", type=int, default=3, help="runs per kind of Redis (compare)")
+
+
 def _get(result: dict[str, Any], path: str) -> Any:
     value: Any = result
     for part in path.split("."):
@@ -38,39 +50,21 @@ def compare_cluster(
     """``run_one(settings, work_dir)`` ``runs`` times on each kind of Redis, alternating; the
     median of each of ``figures`` (dotted paths into a run's result) per kind, and their ratio
     (cluster / standalone)."""
-    from streamrank.devstack.cluster import free_base_port
-    from streamrank.devstack.stack import EmbeddedStack, free_port, private_redis
+    from streamrank.devstack.stack import EmbeddedStack, private_redis
 
     with tempfile.TemporaryDirectory(
         prefix="streamrank-bench-compare-", ignore_cleanup_errors=True
     ) as tmp:
         work = Path(tmp)
-        stack = EmbeddedStack(
-            run_dir=work / "stack",
-            kafka_port=free_port(),
-            redis_port=free_base_port(6),
-            redis_cluster=True,
-        )
+        stack = EmbeddedStack.on_free_ports(work / "stack", redis_cluster=True)
         stack.up(timeout_s=120)
         try:
             with private_redis(work / "single", persist="none") as single:
-                env = stack.client_env()
-                on_cluster = settings.model_copy(
-                    update={
-                        "kafka_bootstrap": stack.bootstrap,
-                        "redis_url": SecretStr(stack.redis_url),
-                        "redis_cluster_nodes": tuple(
-                            env["STREAMRANK_REDIS_CLUSTER_NODES"].split(",")
-                        ),
-                        "run_dir": work / "run",
-                    }
+                on_cluster = stack.settings_for(settings).model_copy(
+                    update={"run_dir": work / "run"}
                 )
                 on_single = on_cluster.model_copy(
-                    update={
-                        "redis_url": SecretStr(single.url),
-                        "redis_cluster": False,
-                        "redis_cluster_nodes": (),
-                    }
+                    update={"redis_url": SecretStr(single.url), "redis_cluster_nodes": ()}
                 )
                 results: dict[str, list[dict[str, Any]]] = {"standalone": [], "cluster": []}
                 for n in range(runs):

@@ -39,6 +39,7 @@ from scoring.serving.assemble import assemble, gather
 from scoring.serving.service import forward
 from scoring.serving.worker import configure_torch
 from streamrank import clock, keys
+from streamrank.bench import compare
 from streamrank.bench.loadgen import Driver, make_requests, zipf_ids
 from streamrank.devstack import processes
 from streamrank.devstack.processes import ChildProcess, start_child
@@ -76,13 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="a smoke run: 20k items, 1k users, short phases",
     )
-    parser.add_argument(
-        "--compare-cluster",
-        action="store_true",
-        help="run on a private single Redis and a private local Redis Cluster, alternating, "
-        "and report the cluster / single ratios of the medians",
-    )
-    parser.add_argument("--runs", type=int, default=3, help="runs per kind of Redis (compare)")
+    compare.add_arguments(parser)
 
 
 def _quick(args: argparse.Namespace) -> None:
@@ -418,11 +413,10 @@ def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     if args.quick:
         _quick(args)
     if args.compare_cluster:
-        from streamrank.bench.compare import compare_cluster
 
         def one(kind_settings: Settings, _work_dir: Path) -> dict[str, Any]:
             return asyncio.run(_run(args, kind_settings, "private"))
 
-        return compare_cluster(settings, one, runs=args.runs, figures=FIGURES)
+        return compare.compare_cluster(settings, one, runs=args.runs, figures=FIGURES)
     with bench_stack(settings) as (stack_settings, kind):
         return asyncio.run(_run(args, stack_settings, kind))

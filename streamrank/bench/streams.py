@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from schemas import Limits, decode_click
 from streamrank import clock, keys
+from streamrank.bench import compare
 from streamrank.redis_client import redis_client, used_memory
 from streamrank.settings import Settings
 
@@ -52,13 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--path", choices=("batch", "agent"), default=None, help="features_path")
     parser.add_argument("--batch-size", type=int, default=None, help="features_batch_size")
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument(
-        "--compare-cluster",
-        action="store_true",
-        help="run on a private single Redis and a private local Redis Cluster, alternating, "
-        "and report the cluster / single ratios of the medians",
-    )
-    parser.add_argument("--runs", type=int, default=3, help="runs per kind of Redis (compare)")
+    compare.add_arguments(parser)
 
 
 def zipf_choice(rng: np.random.Generator, n: int, size: int, s: float) -> np.ndarray:
@@ -408,13 +403,12 @@ def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     from streamrank.devstack.pipeline import stack_or_private
 
     if args.compare_cluster:
-        from streamrank.bench.compare import compare_cluster
 
         def one(kind_settings: Settings, work_dir: Path) -> dict[str, Any]:
             work_dir.mkdir(parents=True, exist_ok=True)
             return asyncio.run(_bench(kind_settings, args, work_dir))
 
-        return compare_cluster(settings, one, runs=args.runs, figures=FIGURES)
+        return compare.compare_cluster(settings, one, runs=args.runs, figures=FIGURES)
 
     with (
         tempfile.TemporaryDirectory(

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from streamrank.devstack.processes import run_tool
-from streamrank.devstack.stack import HOST, RedisServer, redis_binary
+from streamrank.devstack.services import HOST, redis_binary
+from streamrank.devstack.stack import RedisServer
 from streamrank.errors import StackError
 
 BUS_OFFSET = 10_000  # Redis Cluster's bus port = client port + 10000
@@ -168,6 +169,24 @@ def cluster_nodes(port: int) -> list[NodeState]:
             )
         )
     return sorted(nodes, key=lambda n: n.port)
+
+
+def cluster_status(ports: Sequence[int], pids: dict[int, int | None]) -> dict[str, Any]:
+    """``{"up", "mode", "state", "nodes"}`` of a cluster on ``ports`` as the first node that
+    answers sees it; ``up`` when its state is ok and every node is up."""
+    seen: list[NodeState] = []
+    for port in ports:
+        seen = cluster_nodes(port)
+        if seen:
+            break
+    nodes = [{**n.as_dict(), "pid": pids.get(n.port)} for n in seen]
+    state = cluster_info(seen[0].port).get("cluster_state", "") if seen else ""
+    return {
+        "up": state == "ok" and len(nodes) == len(ports) and all(n["up"] for n in nodes),
+        "mode": "cluster",
+        "state": state or "down",
+        "nodes": nodes,
+    }
 
 
 def is_formed(port: int) -> bool:

