@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 TORCH_VERSION = 2.13.0
 
-.PHONY: setup demo test test-cluster lint typecheck unit stack-up stack-down clean docs
+.PHONY: setup demo test test-slow test-cluster lint typecheck unit stack-up stack-down clean docs
 
 setup: $(STAMP)
 
@@ -36,8 +36,13 @@ unit: setup
 # Every test on a single Redis, then the integration tests again on a local Redis Cluster
 # (3 masters, 3 replicas, started by the session fixture).
 test: setup lint typecheck
-	$(BIN)/pytest -q
-	STREAMRANK_TEST_REDIS=cluster $(BIN)/pytest -q tests/integration
+	$(BIN)/pytest -q -m "not slow"
+	STREAMRANK_TEST_REDIS=cluster $(BIN)/pytest -q -m "not slow" tests/integration
+
+# Tests marked slow (minutes each: the consumer-group scale test, the failover test, ...); CI
+# runs them too.
+test-slow: setup
+	$(BIN)/pytest -q -m slow
 
 test-cluster: setup
 	STREAMRANK_TEST_REDIS=cluster $(BIN)/pytest -q tests/integration

@@ -70,6 +70,13 @@ key                                    type    contents
                                                ``encoding`` = the one its item table was
                                                published in); written LAST, so its presence means
                                                the version is fully published.
+``sr:{grp:<group>}:members``           hash    the consumer group's members as they report
+                                               themselves (``streamrank.groups``): field =
+                                               member (client id), value = JSON (host, pid,
+                                               partitions, since, expires). Each worker re-writes
+                                               its field every few seconds; the key's TTL (and
+                                               ``expires``) drop members that are gone. One key
+                                               per group, its own tag (only single-key commands).
 =====================================  ======  ===================================================
 
 Ids are embedded verbatim (the message contract forbids control characters in ids, so
@@ -225,3 +232,9 @@ def model_dense(version: str) -> str:
 def model_config(version: str) -> str:
     """The config.json of one published model version (written last by publish)."""
     return f"{PREFIX}:{{model:{version}}}:config"
+
+
+def group_members(group: str) -> str:
+    """The self-reported members of one consumer group and their partitions (one key, its own
+    tag)."""
+    return f"{PREFIX}:{{grp:{group}}}:members"

@@ -38,6 +38,12 @@ def _model() -> ModuleType:
     return model
 
 
+def _rebalance() -> ModuleType:
+    from streamrank.bench import rebalance
+
+    return rebalance
+
+
 def _codecs() -> ModuleType:
     from streamrank.bench import codecs
 
@@ -50,6 +56,7 @@ BENCHMARKS: dict[str, tuple[Callable[[], ModuleType], str]] = {
     "scoring": (_scoring, "end-to-end ranking throughput and latency"),
     "model": (_model, "DIN forward throughput: straightforward vs serving split"),
     "codecs": (_codecs, "bytes and CPU of each producer compression codec"),
+    "rebalance": (_rebalance, "reply pauses when consumer-group membership changes"),
 }
 
 

@@ -14,10 +14,11 @@ from collections.abc import Sequence
 
 import aiokafka.errors
 
-from streamrank import __version__
+from streamrank import __version__, logs
 from streamrank.cli import (
     bench,
     demo,
+    dlq,
     embeddings,
     features,
     lag,
@@ -26,6 +27,8 @@ from streamrank.cli import (
     scoring,
     settings,
     stack,
+    tail,
+    top,
 )
 from streamrank.cli.common import Handler, settings_from_args
 from streamrank.errors import StreamrankError, one_line
@@ -33,7 +36,9 @@ from streamrank.redis_errors import is_transient
 
 logger = logging.getLogger("streamrank")
 
-COMMANDS = (stack, demo, bench, settings, lag, embeddings, features, model, scoring, replay)
+COMMANDS = (
+    stack, demo, bench, settings, lag, tail, dlq, top, embeddings, features, model, scoring, replay,
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,11 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"streamrank: invalid settings: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=(args.log_level or config.log_level).upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    logs.configure(args.log_level or config.log_level, config.log_format)
     handler: Handler = args.func
     try:
         return handler(args, config)

@@ -71,3 +71,9 @@ def test_member_order_matches_event_id_string_order() -> None:
     ids = ["a", "a1", "a10", "a2", "b", "00009", "00010"]
     members = sorted(keys.sequence_member(i, "x", "c").encode() for i in ids)
     assert [m.split(b"\x1f")[0].decode() for m in members] == sorted(ids)
+
+
+def test_group_registry_key_is_byte_exact_and_has_its_own_tag() -> None:
+    assert keys.group_members("streamrank-scoring") == "sr:{grp:streamrank-scoring}:members"
+    # the tag is the group: one registry key per group, spread over slots like any other
+    assert slot(keys.group_members("g1")) == slot("{grp:g1}")
