@@ -65,7 +65,7 @@ async def test_one_user_is_followed_through_both_workers_in_json_logs(
         await produce(settings, [(user.encode(), click(f"e1-{unique}", user, items[0], now))])
 
         async def applied() -> bool:
-            return bool((await sequence_members(settings.redis_dsn, [user]))[user])
+            return bool((await sequence_members(settings, [user]))[user])
 
         await poll(applied, timeout_s=30, what="the click in the user's sequence")
         async with RankClient(settings=settings) as client:
