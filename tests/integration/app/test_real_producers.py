@@ -295,9 +295,10 @@ def transactional_produce(
             producer.abort_transaction(30)
 
 
-def broker_filters_aborted(bootstrap: str, topic: str, unique: str) -> bool:
+def broker_filters_aborted(bootstrap: str, topic: str, unique: str) -> bool | None:
     """Whether the broker hides aborted transactions from a read_committed consumer (librdkafka,
-    not ours: the answer must not depend on the code under test)."""
+    not ours: the answer must not depend on the code under test); None when the probe read no
+    committed record in time (a loaded host), so it cannot tell."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer
     from confluent_kafka import TopicPartition as CTopicPartition
 
@@ -319,6 +320,8 @@ def broker_filters_aborted(bootstrap: str, topic: str, unique: str) -> bool:
             message = consumer.poll(0.2)
             if message is not None and message.error() is None:
                 seen.append(message.value())
+        if b"committed" not in seen:
+            return None
         return b"aborted" not in seen
     finally:
         consumer.close()
@@ -326,7 +329,10 @@ def broker_filters_aborted(bootstrap: str, topic: str, unique: str) -> bool:
 
 async def test_aborted_transactions_never_become_features(workers: Workers, unique: str) -> None:
     s = workers.settings
-    if not await in_thread(broker_filters_aborted, s.kafka_bootstrap, s.topic_clicks, unique):
+    filters = await in_thread(broker_filters_aborted, s.kafka_bootstrap, s.topic_clicks, unique)
+    if filters is None:
+        pytest.skip("the broker probe read no committed record within 15 s; cannot tell")
+    if not filters:
         pytest.skip(
             "the broker returns aborted transactions to read_committed consumers (the embedded "
             "Tansu broker sends no aborted-transaction index in Fetch responses), so isolation "
