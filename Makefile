@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 TORCH_VERSION = 2.13.0
 
-.PHONY: setup demo test test-slow lint typecheck unit stack-up stack-down clean docs
+.PHONY: setup demo test test-slow test-cluster lint typecheck unit stack-up stack-down clean docs
 
 setup: $(STAMP)
 
@@ -33,13 +33,20 @@ typecheck: setup
 unit: setup
 	$(BIN)/pytest -q tests/unit
 
+# Every test on a single Redis, then the integration tests again on a local Redis Cluster
+# (3 masters, 3 replicas, started by the session fixture).
 test: setup lint typecheck
 	$(BIN)/pytest -q -m "not slow"
+	STREAMRANK_TEST_REDIS=cluster $(BIN)/pytest -q -m "not slow" tests/integration
 
 # Tests marked slow (minutes each: faults under load, hostile input, the short soak, the
-# consumer-group scale test, ...); CI runs them too (see docs/reliability.md).
+# consumer-group scale test, the Redis Cluster failover and resharding tests, ...); CI runs
+# them too (see docs/reliability.md).
 test-slow: setup
 	$(BIN)/pytest -q -m slow
+
+test-cluster: setup
+	STREAMRANK_TEST_REDIS=cluster $(BIN)/pytest -q tests/integration
 
 docs: setup
 	$(BIN)/python -m streamrank.cli.docs README.md

@@ -390,6 +390,7 @@ async def run_replay(
             "p99": round(float(np.percentile(latencies, 99)), 2) if latencies else None,
         },
         "activated": activate,
+        "redis": settings.redis_mode,
         "run": run,
         "seconds": {k: round(v, 2) for k, v in seconds.items()},
     }

@@ -96,6 +96,43 @@ class Settings(BaseSettings):
         description="Socket timeout of every Redis call (the scoring worker's ranking calls "
         "wait up to the request's deadline instead, when scoring_budget_ms is longer).",
     )
+    redis_cluster: bool = Field(
+        False,
+        description="Redis Cluster: the URL names one node (any: the others are discovered); "
+        "implied by a redis+cluster:// or rediss+cluster:// URL. Password and TLS as for "
+        "standalone.",
+    )
+    redis_cluster_nodes: Annotated[tuple[str, ...], NoDecode] = Field(
+        (),
+        description="More Redis Cluster startup nodes, host:port comma-separated: tried when "
+        "the URL's node does not answer at start.",
+    )
+    redis_sentinels: Annotated[tuple[str, ...], NoDecode] = Field(
+        (),
+        description="Redis Sentinel: the Sentinels' host:port, comma-separated. Redis is then "
+        "the master they name redis_sentinel_master (found again after a failover); the URL "
+        "gives only its password, database and TLS.",
+    )
+    redis_sentinel_master: str = Field(
+        "mymaster", description="The master name the Sentinels monitor (sentinel monitor NAME)."
+    )
+    redis_sentinel_password: SecretStr | None = Field(
+        None, description="Password of the Sentinels themselves, when they require one (secret)."
+    )
+    redis_wait_replicas: int = Field(
+        0,
+        ge=0,
+        description="The features worker counts a batch as durable only once this many "
+        "replicas of every Redis node it wrote (or all the node has, if fewer) acknowledge it "
+        "(WAIT), so a failover cannot lose an acknowledged click; 0: the master's reply is "
+        "enough.",
+    )
+    redis_wait_timeout_ms: int = Field(
+        1000,
+        ge=1,
+        description="Longest wait for redis_wait_replicas; a batch not replicated by then is "
+        "retried (a no-op where it was applied).",
+    )
 
     # --- embedded stack (demo and tests) -----------------------------------------------------
     run_dir: Path = Field(
@@ -198,7 +235,16 @@ class Settings(BaseSettings):
         "longer than the server's limit (else publish refuses with instructions).",
     )
     embedding_fetch_mode: Literal["script", "pipeline"] = Field(
-        "script", description="One Lua call per batch of misses, or a pipeline of HMGET per bucket."
+        "script",
+        description="One Lua call per batch of misses (per slot on a cluster), or a pipeline "
+        "of HMGET per bucket.",
+    )
+    embedding_shards: int = Field(
+        16,
+        ge=1,
+        description="Hash tags a published embedding table's buckets are grouped into: on a "
+        "cluster, up to this many slots (and masters) hold one table, and a fetch makes up to "
+        "this many script calls. Kept per table in its meta; applies to new publishes.",
     )
 
     # --- model and scoring -------------------------------------------------------------------
@@ -286,7 +332,9 @@ class Settings(BaseSettings):
                 data["redis_url"] = f"redis://127.0.0.1:{data.get('stack_redis_port', 6379)}/0"
         return data
 
-    @field_validator("reply_topics_allowed", mode="before")
+    @field_validator(
+        "reply_topics_allowed", "redis_cluster_nodes", "redis_sentinels", mode="before"
+    )
     @classmethod
     def _split_csv(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -295,7 +343,30 @@ class Settings(BaseSettings):
 
     @property
     def redis_dsn(self) -> str:
-        return self.redis_url.get_secret_value()
+        """The Redis URL as redis-py takes it (a ``+cluster`` scheme suffix removed)."""
+        return self.redis_url.get_secret_value().replace("+cluster://", "://", 1)
+
+    @model_validator(mode="after")
+    def _one_redis_mode(self) -> Settings:
+        if self.redis_sentinels and self.redis_is_cluster:
+            raise ValueError(
+                "STREAMRANK_REDIS_SENTINELS and a Redis Cluster (STREAMRANK_REDIS_CLUSTER or a "
+                "+cluster URL) exclude each other: set one"
+            )
+        return self
+
+    @property
+    def redis_is_cluster(self) -> bool:
+        """Whether Redis is a cluster (the setting, or a ``redis+cluster://`` URL)."""
+        scheme = self.redis_url.get_secret_value().partition("://")[0]
+        return self.redis_cluster or scheme.endswith("+cluster")
+
+    @property
+    def redis_mode(self) -> str:
+        """``standalone``, ``sentinel`` or ``cluster``."""
+        if self.redis_is_cluster:
+            return "cluster"
+        return "sentinel" if self.redis_sentinels else "standalone"
 
     def all_topics(self) -> tuple[str, ...]:
         return (self.topic_clicks, self.topic_requests, self.topic_results, self.topic_dead_letters)

@@ -20,18 +20,17 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from schemas import Limits, peek_field
 from streamrank import clock, kafka, logs
 from streamrank.errors import DependencyUnavailable, KafkaUnavailable
-from streamrank.redis_client import redis_client
+from streamrank.redis_client import redis_client, slot_grouping
 from streams.classify import Classified, Record, classify
 from streams.metrics import FeatureMetrics
 from streams.windows import windows_from_settings
-from streams.writer import BatchWriter, assemble
+from streams.writer import BatchCalls, BatchWriter, assemble
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +56,7 @@ class FeatureProcessor:
         *,
         settings: Any,
         metrics: FeatureMetrics,
-        redis: aioredis.Redis | None = None,
+        redis: Any = None,
         producer: AIOKafkaProducer | None = None,
     ) -> None:
         self._settings = settings
@@ -72,7 +71,12 @@ class FeatureProcessor:
         self._producer = producer
         self._owns_producer = producer is None
         self._producer_started = producer is not None
-        self._writer = BatchWriter(redis=self._redis)
+        self._writer = BatchWriter(
+            redis=self._redis,
+            wait_replicas=settings.redis_wait_replicas,
+            wait_timeout_ms=settings.redis_wait_timeout_ms,
+        )
+        self._slot_of = slot_grouping(self._redis)
         self._down: dict[str, float] = {}
         self.stopping = False
 
@@ -112,7 +116,7 @@ class FeatureProcessor:
         classified = classify(
             records, limits=self._limits, now_ms=now_ms, max_skew_s=settings.max_event_skew_s
         )
-        call = assemble(
+        batch = assemble(
             classified.apply,
             now_ms=now_ms,
             windows=self._windows,
@@ -120,10 +124,11 @@ class FeatureProcessor:
             sequence_length=settings.sequence_length,
             sequence_ttl_s=settings.sequence_ttl_s,
             dedupe_ttl_s=settings.dedupe_ttl_s,
+            slot_of=self._slot_of,
         )
         applied = 0
         if classified.apply:
-            applied = await self._retry("redis", lambda: self._timed_apply(call))
+            applied = await self._retry("redis", lambda: self._timed_apply(batch))
         if classified.dead or classified.forward:
             await self._retry(
                 "kafka",
@@ -135,7 +140,7 @@ class FeatureProcessor:
         duplicates = len(classified.apply) - applied + classified.in_batch_duplicates
         m.events_duplicate.inc(duplicates)
         m.events_forwarded.inc(len(classified.forward))
-        m.events_too_old.inc(call.too_old_for_counters)
+        m.events_too_old.inc(batch.too_old_for_counters)
         for reason, letter in classified.dead:
             m.dead_letters.labels(reason).inc()
             logger.info(
@@ -191,9 +196,9 @@ class FeatureProcessor:
             len(records), applied, duplicates, len(classified.forward), len(classified.dead)
         )
 
-    async def _timed_apply(self, call: Any) -> int:
+    async def _timed_apply(self, batch: BatchCalls) -> int:
         with self._metrics.redis_write_seconds.time():
-            return await self._writer.apply(call)
+            return await self._writer.apply(batch)
 
     async def _produce(self, classified: Classified) -> None:
         """Dead letters, and the unkeyed clicks re-keyed by user_id (with their headers)."""

@@ -8,20 +8,25 @@
   {"clicks_1h", "clicks_24h", "categories_24h": {category: n}}}, "items": {item_id:
   {"clicks_1h", "clicks_24h"}}}``, windows ending at ``at_ms`` (default: now).
 - ``await item_popularity(item_ids)`` -> int64 array of 24 h clicks, aligned with ``item_ids``.
+
+Each read is one pipeline per Redis node (:class:`streamrank.redis_pipeline.NodePipeline`): on a
+cluster the nodes are read concurrently, so a batch still costs one round trip of wall time.
+Item counters are read per item shard (:func:`streamrank.keys.item_shard`): one ``HMGET`` per
+(shard, bucket) for the items of that shard.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import redis.asyncio as aioredis
 
 from streamrank import clock, keys
 from streamrank.redis_client import redis_client
 from streamrank.redis_errors import redis_call
+from streamrank.redis_pipeline import NodePipeline
 from streams.windows import Window, window_buckets, windows_from_settings
 
 _CATEGORY_PREFIX = keys.category_field("")
@@ -59,22 +64,23 @@ def _int(value: Any) -> int:
 class FeatureReader:
     """Batch reads of sequences and windowed counters."""
 
-    def __init__(self, *, redis: aioredis.Redis, settings: Any) -> None:
+    def __init__(self, *, redis: Any, settings: Any) -> None:
         self._redis = redis
         self._fine, self._coarse = windows_from_settings(settings)
 
-    async def _run(self, pipe: Any) -> list[Any]:
+    async def _run(self, pipe: NodePipeline) -> list[Any]:
         with redis_call("the feature read", "retry later or serve without features"):
-            return list(await pipe.execute())
+            return await pipe.execute()
 
     async def get_sequences(self, user_ids: Iterable[str]) -> dict[str, list[SequenceEvent]]:
         """Each user's sequence, oldest first (one round trip for all users)."""
         users = list(dict.fromkeys(user_ids))
         if not users:
             return {}
-        pipe = self._redis.pipeline(transaction=False)
+        pipe = NodePipeline(self._redis)
         for user in users:
-            pipe.zrange(keys.sequence(user), 0, -1, withscores=True)
+            key = keys.sequence(user)
+            pipe.add(key, "ZRANGE", key, 0, -1, "WITHSCORES", withscores=True)
         replies = await self._run(pipe)
         return {
             user: [parse_member(member, score) for member, score in reply]
@@ -94,15 +100,16 @@ class FeatureReader:
         items = list(dict.fromkeys(item_ids))
         fine_buckets = window_buckets(now_ms, self._fine)
         coarse_buckets = window_buckets(now_ms, self._coarse)
-        pipe = self._redis.pipeline(transaction=False)
+        pipe = NodePipeline(self._redis)
         for user in users:
             for start in fine_buckets:
-                pipe.hget(keys.user_counter_bucket(user, self._fine.resolution_s, start), "n")
+                key = keys.user_counter_bucket(user, self._fine.resolution_s, start)
+                pipe.add(key, "HGET", key, "n")
             for start in coarse_buckets:
-                pipe.hgetall(keys.user_counter_bucket(user, self._coarse.resolution_s, start))
-        if items:
-            self._queue_item_reads(pipe, items, fine_buckets, self._fine)
-            self._queue_item_reads(pipe, items, coarse_buckets, self._coarse)
+                key = keys.user_counter_bucket(user, self._coarse.resolution_s, start)
+                pipe.add(key, "HGETALL", key)
+        fine_reads = self._queue_item_reads(pipe, items, fine_buckets, self._fine)
+        coarse_reads = self._queue_item_reads(pipe, items, coarse_buckets, self._coarse)
         replies = await self._run(pipe)
         result: dict[str, dict[str, dict[str, Any]]] = {"users": {}, "items": {}}
         pos = 0
@@ -126,9 +133,9 @@ class FeatureReader:
                 "categories_24h": dict(sorted(categories.items())),
             }
         if items:
-            fine = _sum_columns(replies[pos : pos + len(fine_buckets)], len(items))
-            pos += len(fine_buckets)
-            coarse = _sum_columns(replies[pos : pos + len(coarse_buckets)], len(items))
+            fine = fine_reads.totals(replies[pos : pos + len(fine_reads)])
+            pos += len(fine_reads)
+            coarse = coarse_reads.totals(replies[pos : pos + len(coarse_reads)])
             for index, item in enumerate(items):
                 result["items"][item] = {
                     "clicks_1h": int(fine[index]),
@@ -144,22 +151,45 @@ class FeatureReader:
             return np.zeros(0, dtype=np.int64)
         now_ms = clock.now_ms() if at_ms is None else at_ms
         buckets = window_buckets(now_ms, self._coarse)
-        pipe = self._redis.pipeline(transaction=False)
-        self._queue_item_reads(pipe, list(item_ids), buckets, self._coarse)
-        return _sum_columns(await self._run(pipe), len(item_ids))
+        pipe = NodePipeline(self._redis)
+        reads = self._queue_item_reads(pipe, list(item_ids), buckets, self._coarse)
+        return reads.totals(await self._run(pipe))
 
     @staticmethod
-    def _queue_item_reads(pipe: Any, items: list[str], buckets: list[int], window: Window) -> None:
-        for start in buckets:
-            pipe.hmget(keys.item_counter_bucket(window.resolution_s, start), items)
+    def _queue_item_reads(
+        pipe: NodePipeline, items: list[str], buckets: list[int], window: Window
+    ) -> ItemReads:
+        """One HMGET per (item shard, bucket) for the shard's items; see :class:`ItemReads`."""
+        by_shard: dict[int, list[int]] = {}
+        for position, item in enumerate(items):
+            by_shard.setdefault(keys.item_shard(item), []).append(position)
+        reads = ItemReads(width=len(items))
+        for shard, positions in by_shard.items():
+            fields = [items[p] for p in positions]
+            for start in buckets:
+                key = keys.item_counter_bucket(shard, window.resolution_s, start)
+                pipe.add(key, "HMGET", key, *fields)
+                reads.positions.append(positions)
+        return reads
 
 
-def _sum_columns(replies: list[list[Any]], width: int) -> np.ndarray:
-    """Sum HMGET replies (one row per bucket, None = 0) per item."""
-    totals = np.zeros(width, dtype=np.int64)
-    for reply in replies:
-        totals += np.array([_int(v) for v in reply], dtype=np.int64)
-    return totals
+@dataclass(slots=True)
+class ItemReads:
+    """Where the replies of queued item-counter HMGETs go: ``positions[k]`` = the positions
+    (in the requested item list) of the fields of the k-th HMGET."""
+
+    width: int
+    positions: list[list[int]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def totals(self, replies: list[list[Any]]) -> np.ndarray:
+        """Per requested item, the sum of its fields over the replies (None = 0); ``int64``."""
+        totals = np.zeros(self.width, dtype=np.int64)
+        for positions, reply in zip(self.positions, replies, strict=True):
+            totals[positions] += np.array([_int(v) for v in reply], dtype=np.int64)
+        return totals
 
 
 async def read_user_features(settings: Any, user_id: str) -> dict[str, Any]:

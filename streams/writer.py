@@ -1,41 +1,47 @@
-"""Applying one batch of clicks to Redis in one round trip: a Lua script run with EVALSHA.
+"""Applying one batch of clicks to Redis in one round trip: Lua script calls, one per hash slot.
 
 Why a script rather than a pipeline: the counters are increments, which are not idempotent, so
-each event's increments must be applied if and only if its ``sr:seen:{event_id}`` marker was
-set by this very call. The script does, per event, ``SET seen 1 NX PX dedupe_ttl`` and only for
-first-seen events adds the sequence member and the counter increments; Redis runs the script
-atomically, so a crash or timeout leaves either all of an event's effects with its marker or
-none of them, and a replay (at-least-once redelivery) applies nothing twice. Increments are
-summed inside the script per (key, field) so a batch issues one HINCRBY per distinct field, one
-ZADD + ZREMRANGEBYRANK + PEXPIRE per distinct user and one PEXPIREAT per distinct bucket.
+an event's increments must be applied if and only if its dedupe marker was set by this very
+call. The script does, per event, ``SET marker 1 NX`` and only for first-seen events adds the
+sequence member and the counter increments; Redis runs a script atomically, so a crash or
+timeout leaves either all of its effects with their markers or none of them, and a replay
+(at-least-once redelivery) applies nothing twice. Increments are summed inside the script per
+(key, field), so a call issues one HINCRBY per distinct field, one ZADD + ZREMRANGEBYRANK +
+PEXPIRE per distinct user and one PEXPIREAT per distinct bucket.
 
-redis-py's ``Script`` object runs EVALSHA and, on NOSCRIPT (a restarted or flushed Redis),
-loads the script again and retries. Works on Redis 6.2 (no functions, no HEXPIRE).
+An event touches two slots (:mod:`streamrank.keys`): its user's (marker, sequence, user
+counters) and its item shard's (item counters). Each side has its own marker, so each side is
+applied once on its own: :func:`assemble` splits a batch into one call per slot group (on a
+cluster, per hash slot; on a single server everything is one group, one call), and
+:class:`BatchWriter` sends the calls as one pipeline per node, the nodes concurrently
+(:func:`streamrank.redis_pipeline.run_scripts`). A batch counts as written only when every call
+answered; after a partial failure the whole batch is sent again, and the calls that had been
+applied find their markers and change nothing. Works on Redis 6.2 (no functions, no HEXPIRE).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-import redis.asyncio as aioredis
 
 from schemas import ClickEvent
 from streamrank import keys
 from streamrank.redis_errors import redis_call
+from streamrank.redis_pipeline import ReplicaWait, ScriptCall, run_scripts
 from streams.windows import Window, bucket_expire_at_ms, bucket_start
 
 logger = logging.getLogger(__name__)
 
+# KEYS: user-side markers, item-side markers, sequence keys, counter bucket keys (see assemble).
 APPLY_BATCH_LUA = """
 local d = cjson.decode(ARGV[1])
-local n, nu = d.n[1], d.n[2]
+local nu, ni, ns = d.n[1], d.n[2], d.n[3]
 local cap, seq_ttl, seen_ttl = d.h[1], d.h[2], d.h[3]
 local expiry = d.x
-local events = d.e
 local seqs = {}
 local incr = {}
 local applied = 0
@@ -46,9 +52,9 @@ local function add(b, f)
     h[f] = (h[f] or 0) + 1
   end
 end
-for i = 1, n do
-  if redis.call('SET', KEYS[i], '1', 'NX', 'PX', seen_ttl) then
-    local e = events[i]
+for k = 1, nu do
+  if redis.call('SET', KEYS[k], '1', 'NX', 'PX', seen_ttl) then
+    local e = d.u[k]
     applied = applied + 1
     local s = seqs[e[1]]
     if not s then s = {}; seqs[e[1]] = s end
@@ -56,21 +62,28 @@ for i = 1, n do
     s[#s + 1] = e[3]
     add(e[4], 'n')
     add(e[5], 'n')
-    if e[9] ~= '' then add(e[5], e[9]) end
-    add(e[6], e[8])
-    add(e[7], e[8])
+    if e[6] ~= '' then add(e[5], e[6]) end
   end
 end
+for k = 1, ni do
+  local e = d.i[k]
+  if redis.call('SET', KEYS[nu + k], '1', 'NX', 'PXAT', e[1]) then
+    add(e[2], e[4])
+    add(e[3], e[4])
+  end
+end
+local base = nu + ni
 for u, s in pairs(seqs) do
-  local key = KEYS[n + u]
+  local key = KEYS[base + u]
   for j = 1, #s, 4000 do
     redis.call('ZADD', key, unpack(s, j, math.min(j + 3999, #s)))
   end
   redis.call('ZREMRANGEBYRANK', key, 0, -cap - 1)
   redis.call('PEXPIRE', key, seq_ttl)
 end
+base = base + ns
 for b, h in pairs(incr) do
-  local key = KEYS[n + nu + b]
+  local key = KEYS[base + b]
   for f, v in pairs(h) do
     redis.call('HINCRBY', key, f, v)
   end
@@ -79,13 +92,59 @@ end
 return applied
 """
 
+SlotOf = Callable[[str], int]  # hash tag -> the group (slot) its keys belong to
+
+
+@dataclass(slots=True)
+class _Group:
+    """The keys and per-event entries of one script call (one slot group)."""
+
+    user_markers: list[str] = field(default_factory=list)
+    item_markers: list[str] = field(default_factory=list)
+    users: dict[str, int] = field(default_factory=dict)
+    buckets: dict[str, int] = field(default_factory=dict)
+    expiry: list[str] = field(default_factory=list)
+    user_entries: list[list[str | int]] = field(default_factory=list)
+    item_entries: list[list[str | int]] = field(default_factory=list)
+
+    def user(self, user_id: str) -> int:
+        index = self.users.get(user_id)
+        if index is None:
+            index = self.users[user_id] = len(self.users) + 1
+        return index
+
+    def bucket(self, key: str, expire_at_ms: int) -> int:
+        index = self.buckets.get(key)
+        if index is None:
+            index = self.buckets[key] = len(self.buckets) + 1
+            self.expiry.append(str(expire_at_ms))
+        return index
+
+    def call(self, head: list[Any]) -> ScriptCall:
+        all_keys = (
+            self.user_markers
+            + self.item_markers
+            + [keys.sequence(u) for u in self.users]
+            + list(self.buckets)
+        )
+        payload = orjson.dumps(
+            {
+                "n": [len(self.user_markers), len(self.item_markers), len(self.users)],
+                "h": head,
+                "x": self.expiry,
+                "u": self.user_entries,
+                "i": self.item_entries,
+            }
+        )
+        return ScriptCall(keys=all_keys, args=(payload,))
+
 
 @dataclass(frozen=True, slots=True)
-class ScriptCall:
-    """Keys and the one argument of one run of the batch script, plus what it skipped."""
+class BatchCalls:
+    """The script calls of one batch (one per slot group) and what the batch skipped."""
 
-    keys: list[str]
-    payload: bytes
+    calls: list[ScriptCall]
+    events: int
     too_old_for_counters: int
 
 
@@ -98,96 +157,113 @@ def assemble(
     sequence_length: int,
     sequence_ttl_s: int,
     dedupe_ttl_s: int,
-) -> ScriptCall:
-    """Arguments of the batch script for ``events`` (already validated and unique by event_id).
+    slot_of: SlotOf | None = None,
+) -> BatchCalls:
+    """The script calls for ``events`` (already validated and unique by event_id).
 
-    KEYS = seen keys (one per event), then sequence keys (one per distinct user), then counter
-    bucket keys (one per distinct bucket). ARGV[1] = one JSON document (one argument instead of
-    nine per event: redis-py packs each argument in Python, which cost more than the rest of
-    the batch): ``n`` = [events, users, buckets], ``h`` = [cap, sequence TTL ms, dedupe TTL ms],
-    ``x`` = PEXPIREAT time (ms) per bucket key, ``e`` = per event [user index, score, member,
-    user fine, user coarse, item fine, item coarse bucket index (0 = not counted: the bucket
-    has already expired), item id, category field or ""]. Integers that may exceed Lua's
-    14 significant digits travel as strings.
+    ``slot_of`` maps a hash tag to its group (on a cluster, ``redis.crc.key_slot``); None puts
+    everything in one call (a single server). Each event adds a user-side entry to its user's
+    group and, when one of its item buckets is still alive, an item-side entry to its item
+    shard's group.
+
+    Per call, KEYS = user-side markers, item-side markers, sequence keys (one per distinct
+    user), counter bucket keys (one per distinct bucket). ARGV[1] = one JSON document (one
+    argument instead of several per event: redis-py packs each argument in Python, which cost
+    more than the rest of the batch): ``n`` = [user entries, item entries, users], ``h`` =
+    [cap, sequence TTL ms, dedupe TTL ms], ``x`` = PEXPIREAT time (ms) per bucket key, ``u`` =
+    per user entry [user index, score, member, user fine, user coarse bucket index (0 = not
+    counted: the bucket has already expired), category field or ""], ``i`` = per item entry
+    [marker PXAT ms, item fine, item coarse bucket index, item id]. Integers that may exceed
+    Lua's 14 significant digits travel as strings. The item marker lives until the event's
+    last live item bucket expires (a replay after that counts nothing anyway) or the dedupe
+    window ends, whichever is first.
     """
     fine, coarse = windows
-    seen_keys: list[str] = []
-    user_index: dict[str, int] = {}
-    bucket_index: dict[str, int] = {}
-    bucket_expiry: list[str] = []
-    per_event: list[list[str | int]] = []
+    head = [sequence_length, str(sequence_ttl_s * 1000), str(dedupe_ttl_s * 1000)]
+    dedupe_until = now_ms + dedupe_ttl_s * 1000
+    groups: dict[int, _Group] = {}
+    user_groups: dict[str, _Group] = {}
+    shard_groups: dict[int, _Group] = {}
     too_old = 0
 
-    def bucket(key: str, expire_at_ms: int) -> int:
-        index = bucket_index.get(key)
-        if index is None:
-            index = bucket_index[key] = len(bucket_index) + 1
-            bucket_expiry.append(str(expire_at_ms))
-        return index
+    def group(tag: str) -> _Group:
+        slot = slot_of(tag) if slot_of is not None else 0
+        found = groups.get(slot)
+        if found is None:
+            found = groups[slot] = _Group()
+        return found
 
     for event in events:
-        seen_keys.append(keys.seen(event.event_id))
-        uidx = user_index.get(event.user_id)
-        if uidx is None:
-            uidx = user_index[event.user_id] = len(user_index) + 1
+        user = event.user_id
+        ug = user_groups.get(user)
+        if ug is None:
+            ug = user_groups[user] = group(keys.user_tag(user))
         fine_start = bucket_start(event.ts, fine.resolution_s)
         coarse_start = bucket_start(event.ts, coarse.resolution_s)
         fine_exp = bucket_expire_at_ms(fine_start, fine, lateness_s)
         coarse_exp = bucket_expire_at_ms(coarse_start, coarse, lateness_s)
-        ufine = ifine = ucoarse = icoarse = 0
-        if fine_exp > now_ms:
-            ufine = bucket(
-                keys.user_counter_bucket(event.user_id, fine.resolution_s, fine_start), fine_exp
+        fine_alive, coarse_alive = fine_exp > now_ms, coarse_exp > now_ms
+        ufine = ucoarse = 0
+        if fine_alive:
+            ufine = ug.bucket(
+                keys.user_counter_bucket(user, fine.resolution_s, fine_start), fine_exp
             )
-            ifine = bucket(keys.item_counter_bucket(fine.resolution_s, fine_start), fine_exp)
-        if coarse_exp > now_ms:
-            ucoarse = bucket(
-                keys.user_counter_bucket(event.user_id, coarse.resolution_s, coarse_start),
-                coarse_exp,
-            )
-            icoarse = bucket(
-                keys.item_counter_bucket(coarse.resolution_s, coarse_start), coarse_exp
+        if coarse_alive:
+            ucoarse = ug.bucket(
+                keys.user_counter_bucket(user, coarse.resolution_s, coarse_start), coarse_exp
             )
         else:
             too_old += 1
-        per_event.append(
+        ug.user_markers.append(keys.seen(user, event.event_id))
+        ug.user_entries.append(
             [
-                uidx,
+                ug.user(user),
                 str(event.ts),
                 keys.sequence_member(event.event_id, event.item_id, event.category),
                 ufine,
                 ucoarse,
-                ifine,
-                icoarse,
-                event.item_id,
                 keys.category_field(event.category) if event.category else "",
             ]
         )
-    all_keys = seen_keys + [keys.sequence(u) for u in user_index] + list(bucket_index)
-    payload = orjson.dumps(
-        {
-            "n": [len(seen_keys), len(user_index), len(bucket_index)],
-            "h": [sequence_length, str(sequence_ttl_s * 1000), str(dedupe_ttl_s * 1000)],
-            "x": bucket_expiry,
-            "e": per_event,
-        }
-    )
-    return ScriptCall(all_keys, payload, too_old)
+        if not (fine_alive or coarse_alive):
+            continue
+        shard = keys.item_shard(event.item_id)
+        ig = shard_groups.get(shard)
+        if ig is None:
+            ig = shard_groups[shard] = group(keys.item_tag(shard))
+        ifine = icoarse = 0
+        if fine_alive:
+            ifine = ig.bucket(
+                keys.item_counter_bucket(shard, fine.resolution_s, fine_start), fine_exp
+            )
+        if coarse_alive:
+            icoarse = ig.bucket(
+                keys.item_counter_bucket(shard, coarse.resolution_s, coarse_start), coarse_exp
+            )
+        until = min(
+            dedupe_until, max(fine_exp if fine_alive else 0, coarse_exp if coarse_alive else 0)
+        )
+        ig.item_markers.append(keys.item_seen(shard, event.event_id))
+        ig.item_entries.append([str(until), ifine, icoarse, event.item_id])
+    return BatchCalls([g.call(head) for g in groups.values()], len(events), too_old)
 
 
 class BatchWriter:
-    """Runs the batch script; ``await writer.apply(call)`` returns how many events were new."""
+    """Runs a batch's script calls; ``await writer.apply(batch)`` returns how many events were
+    new. ``wait_replicas``: see :class:`streamrank.redis_pipeline.ReplicaWait`."""
 
-    def __init__(self, *, redis: aioredis.Redis) -> None:
+    def __init__(self, *, redis: Any, wait_replicas: int = 0, wait_timeout_ms: int = 1000) -> None:
         self._redis = redis
         self._script: Any = redis.register_script(APPLY_BATCH_LUA)
+        self._wait = ReplicaWait(wait_replicas, wait_timeout_ms) if wait_replicas else None
 
-    async def apply(self, call: ScriptCall) -> int:
+    async def apply(self, batch: BatchCalls) -> int:
         """Apply one batch; raises RedisUnavailable when Redis does not answer (safe to retry)."""
-        if not call.keys:
+        if not batch.calls:
             return 0
         with redis_call(
             "the feature batch",
             "the batch will be retried; check that Redis is up and STREAMRANK_REDIS_URL is right",
         ):
-            return int(await self._script(keys=call.keys, args=[call.payload]))
+            replies = await run_scripts(self._redis, self._script, batch.calls, wait=self._wait)
+        return sum(int(r) for r in replies)

@@ -3,6 +3,10 @@
 Unit tests (tests/unit) need none of this. Integration tests (tests/integration) get a real
 Tansu broker and a real Redis, started once per session on free ports, or the ones named by
 ``STREAMRANK_TEST_KAFKA_BOOTSTRAP`` and ``STREAMRANK_TEST_REDIS_URL`` when both are set.
+``STREAMRANK_TEST_REDIS=cluster`` makes that Redis a local Redis Cluster (3 masters, 3
+replicas; ``make test`` runs the integration tests once on each); a ``redis+cluster://``
+``STREAMRANK_TEST_REDIS_URL`` names an external cluster. Tests that only make sense on one
+server (they stop and start a private redis-server) carry ``@pytest.mark.standalone_only``.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +28,19 @@ class StackInfo:
     bootstrap: str
     redis_url: str
     run_dir: Path
+
+    @property
+    def redis_cluster(self) -> bool:
+        return self.redis_url.partition("://")[0].endswith("+cluster")
+
+    def sync_redis(self) -> Any:
+        """A blocking client on the stack's Redis (a cluster client on a cluster)."""
+        import redis
+        from redis.cluster import RedisCluster
+
+        if self.redis_cluster:
+            return RedisCluster.from_url(self.redis_url.replace("+cluster://", "://", 1))
+        return redis.Redis.from_url(self.redis_url)
 
     def settings(self, **overrides: object) -> Settings:
         base: dict[str, object] = {
@@ -44,14 +62,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
     if bootstrap and redis_url:
         yield StackInfo(bootstrap, redis_url, run_dir)
         return
-    from streamrank.devstack.stack import EmbeddedStack, free_port
+    from streamrank.devstack.stack import EmbeddedStack
 
-    embedded = EmbeddedStack(run_dir=run_dir, kafka_port=free_port(), redis_port=free_port())
-    embedded.up(timeout_s=60)
-    saved = {k: os.environ.get(k) for k in ("STREAMRANK_KAFKA_BOOTSTRAP", "STREAMRANK_REDIS_URL")}
+    cluster = os.environ.get("STREAMRANK_TEST_REDIS", "standalone") == "cluster"
+    embedded = EmbeddedStack.on_free_ports(run_dir, redis_cluster=cluster)
+    embedded.up(timeout_s=120)
+    env = embedded.client_env()
+    saved = {k: os.environ.get(k) for k in env}
     # Subprocesses started by tests (workers, CLI) find the stack through the environment.
-    os.environ["STREAMRANK_KAFKA_BOOTSTRAP"] = embedded.bootstrap
-    os.environ["STREAMRANK_REDIS_URL"] = embedded.redis_url
+    os.environ.update(env)
     try:
         yield StackInfo(embedded.bootstrap, embedded.redis_url, run_dir)
     finally:
@@ -61,6 +80,18 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
             else:
                 os.environ[key] = value
         embedded.down()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    on_cluster = os.environ.get("STREAMRANK_TEST_REDIS") == "cluster" or (
+        os.environ.get("STREAMRANK_TEST_REDIS_URL", "").partition("://")[0].endswith("+cluster")
+    )
+    for item in items:
+        skip_on = "standalone_only" if on_cluster else "cluster_only"
+        marker = item.get_closest_marker(skip_on)
+        if marker is not None:
+            reason = marker.args[0] if marker.args else skip_on
+            item.add_marker(pytest.mark.skip(reason=f"{skip_on.replace('_', ' ')}: {reason}"))
 
 
 @pytest.fixture

@@ -1,10 +1,14 @@
-"""Reading the rows of a batch of ids: one round trip, by a Lua script or a pipeline.
+"""Reading the rows of a batch of ids: one round trip, by Lua script calls or a pipeline.
 
-The script (default) checks that the table's meta still carries the publish id this process
-cached, then ``HGET``s every requested id from its bucket: one call and three reply elements for
-the whole batch. The pipeline mode (``HGET`` the publish id, one ``HMGET`` per touched bucket)
-is also one round trip but costs redis-py a command object and a reply parse per bucket, and a
-150-id batch touches ~150 buckets (see docs/benchmarks.md).
+A table's buckets are grouped into shards, one hash tag each (:mod:`streamrank.keys`). The
+script (default) runs once per slot group: on a single server one call for the whole batch, on
+a cluster one call per slot the batch's shards live in, sent as one pipeline per node with the
+nodes read concurrently (:func:`streamrank.redis_pipeline.run_scripts`). Each call first checks
+that its shards' copy of the publish id is still the one this process cached, then ``HGET``s
+its ids from their buckets, and replies with three elements however many ids it read. The
+pipeline mode (``GET`` the shards' publish ids, one ``HMGET`` per touched bucket) is also one
+round trip but costs redis-py a command object and a reply parse per bucket, and a 150-id batch
+touches ~150 buckets (see docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -14,36 +18,39 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import redis.asyncio as aioredis
 
 from scoring.embeddings.bucketing import bucket_of, group_by_bucket
 from scoring.embeddings.meta import EncodedRows, FetchMode, TableMeta
 from streamrank import keys
 from streamrank.errors import EmbeddingError
+from streamrank.redis_client import slot_grouping
+from streamrank.redis_pipeline import NodePipeline, ScriptCall, run_scripts
 
 _SEP = keys.FIELD_SEP
 
-# KEYS[1] = the table's meta key. ARGV: [1] the publish id this process cached, [2] row width,
-# [3] bucket key prefix, [4] ids joined by \x1f, [5] their bucket numbers joined by ','.
-# Reply: {publish_id} alone when it differs (the table was deleted or republished: re-read the
-# meta), else {publish_id, rows concatenated (zeros for missing), one flag byte per id:
-# '1' found, '0' missing, '2' wrong size}. Three reply elements for any batch size: redis-py's
-# pure-Python reply parser costs ~5 us per element, so per-row replies would dominate.
-# The bucket keys are built in the script from the prefix (fine on standalone/Sentinel Redis;
-# Redis Cluster would need a hash tag per table, see docs/embeddings.md).
+# KEYS: the publish-id keys of the call's shards, then the bucket keys it reads. ARGV: [1] the
+# publish id this process cached, [2] row width, [3] how many publish-id keys, [4] ids joined
+# by \x1f, [5] per id the index of its bucket among the bucket keys, joined by ','.
+# Reply: {publish id found} alone when a shard's differs (the table was deleted or republished:
+# re-read the meta), else {publish id, rows concatenated (zeros for missing), one flag byte per
+# id: '1' found, '0' missing, '2' wrong size}. Three reply elements for any batch size:
+# redis-py's pure-Python reply parser costs ~5 us per element, so per-row replies would dominate.
 _FETCH_LUA = """
-local pid = redis.call('HGET', KEYS[1], 'publish_id')
-if pid ~= ARGV[1] then return {pid} end
+local pid = ARGV[1]
+local np = tonumber(ARGV[3])
+for k = 1, np do
+  local found = redis.call('GET', KEYS[k])
+  if found ~= pid then return {found} end
+end
 local w = tonumber(ARGV[2])
 local zero = string.rep('\\0', w)
-local prefix = ARGV[3]
 local ids = {}
 for id in string.gmatch(ARGV[4], '[^\\31]+') do ids[#ids + 1] = id end
 local rows, flags = {}, {}
 local i = 0
 for b in string.gmatch(ARGV[5], '[^,]+') do
   i = i + 1
-  local v = redis.call('HGET', prefix .. b, ids[i])
+  local v = redis.call('HGET', KEYS[np + tonumber(b)], ids[i])
   if not v then
     rows[i] = zero; flags[i] = '0'
   elseif #v ~= w then
@@ -55,53 +62,41 @@ end
 return {pid, table.concat(rows), table.concat(flags)}
 """
 
+Positions = npt.NDArray[np.intp]
+
 
 class RowFetcher:
     """Fetches encoded rows of distinct ids; ``fetch`` returns ``(publish id, rows)``, rows
-    None when the publish id differs from the meta's (the table was deleted or republished)."""
+    None when a publish id differs from the meta's (the table was deleted or republished)."""
 
-    def __init__(self, *, redis: aioredis.Redis, mode: FetchMode = "script") -> None:
+    def __init__(self, *, redis: Any, mode: FetchMode = "script") -> None:
         self.redis: Any = redis
         self.mode = mode
         self._script = redis.register_script(_FETCH_LUA)
+        self._slot_of = slot_grouping(redis)
 
     async def fetch(
         self, meta: TableMeta, ids: Sequence[str]
     ) -> tuple[bytes | None, EncodedRows | None]:
-        meta_key = keys.embedding_meta(meta.version, meta.table)
         width = meta.row_bytes
         # Ids that cannot be in a table (publish refuses them) are not sent: they would break
         # the script's \x1f-joined argument.
         joined = _SEP.join(ids)
         if all(ids) and joined.count(_SEP) == len(ids) - 1:
-            askable, asked = None, ids  # the common case, checked at C speed
+            askable, asked = None, list(ids)  # the common case, checked at C speed
         else:
             askable = [bool(i) and _SEP not in i for i in ids]
             asked = [i for i, ok in zip(ids, askable, strict=True) if ok]
-            joined = _SEP.join(asked)
         if not asked:
-            pid = await self.redis.hget(meta_key, "publish_id")
+            pid = await self.redis.hget(keys.embedding_meta(meta.version, meta.table), "publish_id")
             return pid, EncodedRows(meta, bytes(width * len(ids)), np.zeros(len(ids), dtype=bool))
         buckets = bucket_of(asked, meta.buckets)
         if self.mode == "script":
-            reply = await self._script(
-                keys=[meta_key],
-                args=[
-                    meta.publish_id,
-                    width,
-                    keys.embedding_bucket_prefix(meta.version, meta.table),
-                    joined,
-                    ",".join(map(str, buckets.tolist())),
-                ],
-            )
-            if len(reply) == 1:  # publish id differed: rows were not read
-                return reply[0], None
-            pid, blob, flag_bytes = reply
-            flags = np.frombuffer(flag_bytes, dtype=np.uint8)  # [asked]
+            pid, blob, flags = await self._scripts(meta, asked, buckets)
         else:
             pid, blob, flags = await self._pipeline(meta, asked, buckets)
-            if pid is None or pid.decode() != meta.publish_id:
-                return pid, None
+        if blob is None:  # a publish id differed: rows were not read
+            return pid, None
         if (flags == ord("2")).any():
             bad = [asked[int(k)] for k in np.flatnonzero(flags == ord("2"))[:10]]
             raise EmbeddingError(
@@ -118,22 +113,82 @@ class RowFetcher:
             return pid, EncodedRows(meta, full.tobytes(), full_found)
         return pid, EncodedRows(meta, blob, found)
 
+    def _groups(self, meta: TableMeta, buckets: npt.NDArray[np.int64]) -> list[Positions]:
+        """Positions of the ids read by each script call: all of them on a single server, else
+        one group per slot of the shards they are in."""
+        if self._slot_of is None:
+            return [np.arange(len(buckets))]
+        shards = keys.embedding_shard(buckets, meta.shards)  # [n]
+        tags = {
+            int(s): self._slot_of(keys.embedding_shard_tag(meta.version, meta.table, int(s)))
+            for s in np.unique(shards).tolist()
+        }
+        slots = np.array([tags[s] for s in shards.tolist()], dtype=np.int64)  # [n]
+        _order, _unique, groups = group_by_bucket(slots)  # positions ascending within a group
+        return groups
+
+    async def _scripts(
+        self, meta: TableMeta, ids: list[str], buckets: npt.NDArray[np.int64]
+    ) -> tuple[bytes | None, bytes | None, npt.NDArray[np.uint8]]:
+        """One script call per slot group; returns (publish id, rows in id order, flags)."""
+        width = meta.row_bytes
+        groups = self._groups(meta, buckets)
+        calls = []
+        for positions in groups:
+            group_buckets = buckets[positions]  # [g]
+            distinct, index = np.unique(group_buckets, return_inverse=True)
+            shards = np.unique(keys.embedding_shard(distinct, meta.shards)).tolist()
+            call_keys = [keys.embedding_publish_id(meta.version, meta.table, s) for s in shards]
+            call_keys += [meta.bucket_key(b) for b in distinct.tolist()]
+            calls.append(
+                ScriptCall(
+                    keys=call_keys,
+                    args=(
+                        meta.publish_id,
+                        width,
+                        len(shards),
+                        _SEP.join(ids[p] for p in positions.tolist()),
+                        ",".join(map(str, (index + 1).tolist())),
+                    ),
+                )
+            )
+        replies = await run_scripts(self.redis, self._script, calls)
+        for reply in replies:
+            if len(reply) == 1:
+                return reply[0], None, np.zeros(0, dtype=np.uint8)
+        if len(groups) == 1:
+            pid, blob, flag_bytes = replies[0]
+            return pid, blob, np.frombuffer(flag_bytes, dtype=np.uint8)
+        rows = np.zeros((len(ids), width), dtype=np.uint8)
+        flags = np.zeros(len(ids), dtype=np.uint8)
+        for positions, (_pid, blob, flag_bytes) in zip(groups, replies, strict=True):
+            rows[positions] = np.frombuffer(blob, dtype=np.uint8).reshape(-1, width)
+            flags[positions] = np.frombuffer(flag_bytes, dtype=np.uint8)
+        return replies[0][0], rows.tobytes(), flags
+
     async def _pipeline(
         self, meta: TableMeta, ids: Sequence[str], buckets: npt.NDArray[np.int64]
-    ) -> tuple[bytes | None, bytes, npt.NDArray[np.uint8]]:
-        """The same fetch as a pipeline: HGET the publish id, then one HMGET per touched bucket."""
+    ) -> tuple[bytes | None, bytes | None, npt.NDArray[np.uint8]]:
+        """The same fetch as a pipeline: GET the touched shards' publish ids, then one HMGET
+        per touched bucket."""
         width = meta.row_bytes
         _order, unique, groups = group_by_bucket(buckets)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hget(keys.embedding_meta(meta.version, meta.table), "publish_id")
+        shards = np.unique(keys.embedding_shard(unique, meta.shards)).tolist()
+        pipe = NodePipeline(self.redis)
+        for shard in shards:
+            key = keys.embedding_publish_id(meta.version, meta.table, shard)
+            pipe.add(key, "GET", key)
         for bucket, group in zip(unique.tolist(), groups, strict=True):
-            fields = [ids[p] for p in group.tolist()]
-            pipe.hmget(keys.embedding_bucket(meta.version, meta.table, bucket), fields)
+            key = meta.bucket_key(bucket)
+            pipe.add(key, "HMGET", key, *[ids[p] for p in group.tolist()])
         replies = await pipe.execute()
+        for pid in replies[: len(shards)]:
+            if pid is None or pid.decode() != meta.publish_id:
+                return pid, None, np.zeros(0, dtype=np.uint8)
         rows: list[bytes] = [b""] * len(ids)
         flags = np.zeros(len(ids), dtype=np.uint8) + ord("0")
         zero = bytes(width)
-        for group, values in zip(groups, replies[1:], strict=True):
+        for group, values in zip(groups, replies[len(shards) :], strict=True):
             for p, v in zip(group.tolist(), values, strict=True):
                 if v is None:
                     rows[p] = zero

@@ -9,6 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from scoring.embeddings.codec import FloatMatrix, decode_blobs, decode_rows, row_bytes
+from streamrank import keys
 from streamrank.errors import EmbeddingError
 
 FetchMode = Literal["script", "pipeline"]
@@ -24,6 +25,7 @@ class TableMeta:
     encoding: str
     rows: int
     buckets: int
+    shards: int  # buckets are grouped into this many shards (streamrank.keys.embedding_shard)
     oov_blob: bytes
     published_at: float
     publish_id: str
@@ -31,6 +33,10 @@ class TableMeta:
     @property
     def row_bytes(self) -> int:
         return row_bytes(self.encoding, self.dim)
+
+    def bucket_key(self, bucket: int) -> str:
+        """The Redis key of one of the table's buckets."""
+        return keys.embedding_bucket(self.version, self.table, bucket, self.shards)
 
     @property
     def oov_row(self) -> FloatMatrix:
@@ -45,6 +51,7 @@ class TableMeta:
             "encoding": self.encoding,
             "rows": self.rows,
             "buckets": self.buckets,
+            "shards": self.shards,
             "row_bytes": self.row_bytes,
             "published_at": self.published_at,
             "publish_id": self.publish_id,
@@ -59,6 +66,7 @@ class PublishReport:
     dim: int
     encoding: str
     buckets: int
+    shards: int
     max_bucket_rows: int
     compact: bool
     seconds: float
@@ -93,6 +101,7 @@ def parse_meta(version: str, table: str, raw: dict[bytes, bytes]) -> TableMeta:
             encoding=raw[b"encoding"].decode(),
             rows=int(raw[b"rows"]),
             buckets=int(raw[b"buckets"]),
+            shards=int(raw[b"shards"]),
             oov_blob=bytes(raw[b"oov"]),
             published_at=float(raw[b"published_at"]),
             publish_id=raw[b"publish_id"].decode(),

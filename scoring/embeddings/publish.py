@@ -1,7 +1,8 @@
 """Publishing an embedding table: validate everything first, write the rows in pipelined
-batches (with a progress bar), then the meta (last: a table without it is not published), then
-add the version to the set of published versions. Buckets are sized to stay in Redis' compact
-hash encoding; the Redis setting that bounds it is checked (and set when allowed) first."""
+batches (with a progress bar; one pipeline per node on a cluster), then each shard's copy of the
+publish id, then the meta (last: a table without it is not published), then add the version to
+the set of published versions. Buckets are sized to stay in Redis' compact hash encoding; the
+Redis setting that bounds it is checked on every server (and set when allowed) first."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 from tqdm import tqdm
 
@@ -23,7 +23,9 @@ from scoring.embeddings.meta import PublishReport
 from scoring.embeddings.validate import check_ids, check_matrix, check_name, check_oov_row
 from streamrank import keys
 from streamrank.errors import EmbeddingError
+from streamrank.redis_client import on_each_server
 from streamrank.redis_errors import redis_call
+from streamrank.redis_pipeline import NodePipeline
 
 logger = logging.getLogger(__name__)
 
@@ -43,12 +45,13 @@ class TablePublisher:
     def __init__(
         self,
         *,
-        redis: aioredis.Redis,
+        redis: Any,
         delete_matching: Callable[[str], Awaitable[int]],
         configure_redis: bool,
         publish_batch_rows: int,
         bucket_fill: float,
         max_bucket_rows: int,
+        shards: int,
     ) -> None:
         self.redis: Any = redis
         self._delete_matching = delete_matching
@@ -56,6 +59,7 @@ class TablePublisher:
         self.publish_batch_rows = publish_batch_rows
         self.bucket_fill = bucket_fill
         self.max_bucket_rows = max_bucket_rows
+        self.shards = shards
 
     async def publish(
         self,
@@ -104,10 +108,11 @@ class TablePublisher:
             n_buckets = choose_bucket_count(
                 hashes, max_entries=max_entries, target_fill=self.bucket_fill
             )
+            n_shards = min(self.shards, n_buckets)
             buckets = (hashes % np.uint64(n_buckets)).astype(np.int64)  # [n]
             encoded = encode_rows(m32, encoding)  # [n, row_bytes]
             max_rows = await self._write_rows(
-                version, table, id_list, encoded, buckets, progress=progress
+                version, table, id_list, encoded, buckets, n_shards, progress=progress
             )
             publish_id = uuid.uuid4().hex
             meta = {
@@ -115,15 +120,20 @@ class TablePublisher:
                 "encoding": encoding,
                 "rows": n,
                 "buckets": n_buckets,
+                "shards": n_shards,
                 "oov": encode_rows(oov, encoding)[0].tobytes(),
                 "published_at": f"{time.time():.3f}",
                 "publish_id": publish_id,
             }
-            compact = await self._is_compact(version, table, buckets)
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.hset(keys.embedding_meta(version, table), mapping=meta)
-            pipe.sadd(keys.embedding_versions(), version)
+            compact = await self._is_compact(version, table, buckets, n_shards)
+            pipe = NodePipeline(self.redis)
+            for shard in range(n_shards):
+                key = keys.embedding_publish_id(version, table, shard)
+                pipe.add(key, "SET", key, publish_id)
             await pipe.execute()
+            meta_key, versions_key = keys.embedding_meta(version, table), keys.embedding_versions()
+            await self.redis.hset(meta_key, mapping=meta)
+            await self.redis.sadd(versions_key, version)
         if not compact:
             logger.warning(
                 "%s/%s: buckets are not in Redis' compact encoding (memory several times larger); "
@@ -138,6 +148,7 @@ class TablePublisher:
             dim=width,
             encoding=encoding,
             buckets=n_buckets,
+            shards=n_shards,
             max_bucket_rows=max_rows,
             compact=compact,
             seconds=time.perf_counter() - started,
@@ -147,11 +158,15 @@ class TablePublisher:
         """Make sure rows and ids fit the compact hash encoding; returns the max entries per hash."""
         need_value = max(row_bytes(encoding, dim), max(len(i.encode("utf-8")) for i in ids))
         try:
-            conf = {
-                _text(k): v for k, v in (await self.redis.config_get("hash-max-ziplist-*")).items()
-            }
-            max_entries = int(conf.get("hash-max-ziplist-entries", DEFAULT_MAX_ENTRIES))
-            max_value = int(conf.get("hash-max-ziplist-value", DEFAULT_MAX_VALUE))
+            # Every server, replicas too: the smallest limit is the one rows must fit.
+            replies = await on_each_server(
+                self.redis, "CONFIG GET", "hash-max-ziplist-*", replicas=True
+            )
+            confs = [{_text(k): v for k, v in reply.items()} for reply in replies]
+            max_entries = min(
+                int(c.get("hash-max-ziplist-entries", DEFAULT_MAX_ENTRIES)) for c in confs
+            )
+            max_value = min(int(c.get("hash-max-ziplist-value", DEFAULT_MAX_VALUE)) for c in confs)
         except ResponseError as exc:
             logger.warning(
                 "CONFIG GET refused (%s); assuming hash-max-ziplist-entries %s / -value %s",
@@ -182,7 +197,9 @@ class TablePublisher:
                     f"{need_value} in redis.conf, or allow the store to set it "
                     "(STREAMRANK_EMBEDDING_CONFIGURE_REDIS=true)"
                 )
-            await self.redis.config_set("hash-max-ziplist-value", need_value)
+            await on_each_server(
+                self.redis, "CONFIG SET", "hash-max-ziplist-value", need_value, replicas=True
+            )
             logger.warning(
                 "CONFIG SET hash-max-ziplist-value %s (was %s) so %s rows at dim %s stay compact; "
                 "CONFIG SET does not survive a restart: put it in redis.conf too",
@@ -200,6 +217,7 @@ class TablePublisher:
         ids: list[str],
         encoded: npt.NDArray[np.uint8],
         buckets: npt.NDArray[np.int64],
+        shards: int,
         *,
         progress: bool,
     ) -> int:
@@ -208,16 +226,19 @@ class TablePublisher:
         flat = encoded.tobytes()
         width = encoded.shape[1]
         max_rows = 0
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = NodePipeline(self.redis)
         pending = 0
         with tqdm(
             total=len(ids), unit="row", desc=f"publish {version}/{table}", disable=not progress
         ) as bar:
             for bucket, positions in zip(unique.tolist(), groups, strict=True):
-                mapping = {ids[p]: flat[p * width : (p + 1) * width] for p in positions.tolist()}
-                max_rows = max(max_rows, len(mapping))
-                pipe.hset(keys.embedding_bucket(version, table, bucket), mapping=mapping)
-                pending += len(mapping)
+                fields: list[Any] = []
+                for p in positions.tolist():
+                    fields += (ids[p], flat[p * width : (p + 1) * width])
+                max_rows = max(max_rows, len(positions))
+                key = keys.embedding_bucket(version, table, bucket, shards)
+                pipe.add(key, "HSET", key, *fields)
+                pending += len(positions)
                 if pending >= self.publish_batch_rows:
                     await pipe.execute()
                     bar.update(pending)
@@ -227,10 +248,13 @@ class TablePublisher:
                 bar.update(pending)
         return max_rows
 
-    async def _is_compact(self, version: str, table: str, buckets: npt.NDArray[np.int64]) -> bool:
+    async def _is_compact(
+        self, version: str, table: str, buckets: npt.NDArray[np.int64], shards: int
+    ) -> bool:
         """Whether the fullest bucket kept the compact encoding (one OBJECT ENCODING call)."""
         if len(buckets) == 0:
             return True
         fullest = int(np.bincount(buckets).argmax())
-        enc = await self.redis.object("encoding", keys.embedding_bucket(version, table, fullest))
+        key = keys.embedding_bucket(version, table, fullest, shards)
+        enc = await self.redis.object("encoding", key)
         return enc in (b"ziplist", b"listpack", "ziplist", "listpack")

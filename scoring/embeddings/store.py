@@ -1,10 +1,10 @@
 """The embedding store: compressed rows in Redis hash buckets, versioned, one round trip per batch.
 
 Layout (see streamrank.keys and docs/embeddings.md): rows of ``(version, table)`` are spread
-over ``buckets`` hashes ``sr:emb:{version}:{table}:{bucket}`` (field = raw id, value = the
-encoded row, scoring.embeddings.codec), few enough rows each to stay in Redis' compact
-ziplist/listpack encoding; ``sr:emb:{version}:{table}:meta`` is written last and marks the table
-published. :class:`EmbeddingStore` is the one object callers hold; it publishes through
+over ``buckets`` hashes ``sr:{emb:<version>:<table>:<shard>}:<bucket>`` (field = raw id, value =
+the encoded row, scoring.embeddings.codec), few enough rows each to stay in Redis' compact
+ziplist/listpack encoding, grouped into ``shards`` hash tags so a cluster spreads a table over
+its nodes; ``sr:{emb:<version>:<table>}:meta`` is written last and marks the table published. :class:`EmbeddingStore` is the one object callers hold; it publishes through
 :mod:`scoring.embeddings.publish`, reads through :mod:`scoring.embeddings.fetch`, and removes a
 version's keys (the refusal to delete a serving version is the model registry's:
 :func:`scoring.model.registry.delete_version`).
@@ -18,7 +18,6 @@ from types import TracebackType
 from typing import Any, cast
 
 import numpy as np
-import redis.asyncio as aioredis
 
 from scoring.embeddings.codec import FloatMatrix
 from scoring.embeddings.fetch import RowFetcher
@@ -27,7 +26,7 @@ from scoring.embeddings.publish import TablePublisher
 from scoring.embeddings.validate import check_name
 from streamrank import keys
 from streamrank.errors import ConfigError, EmbeddingError, UnknownVersion
-from streamrank.redis_client import redis_client
+from streamrank.redis_client import client_for_url, redis_client
 from streamrank.redis_errors import redis_call
 
 logger = logging.getLogger(__name__)
@@ -45,20 +44,23 @@ class EmbeddingStore:
     def __init__(
         self,
         *,
-        redis: aioredis.Redis,
+        redis: Any,
         fetch_mode: FetchMode = "script",
         configure_redis: bool = True,
         publish_batch_rows: int = 20_000,
         bucket_fill: float = 0.6,
         max_bucket_rows: int = 64,
+        shards: int = 16,
         owns_client: bool = False,
     ) -> None:
-        if redis.connection_pool.connection_kwargs.get("decode_responses"):
+        if redis.get_connection_kwargs().get("decode_responses"):
             raise ConfigError("EmbeddingStore needs a Redis client with decode_responses=False")
         if fetch_mode not in ("script", "pipeline"):
             raise ConfigError(f"fetch_mode must be 'script' or 'pipeline', got {fetch_mode!r}")
         if not 0 < bucket_fill <= 1:
             raise ConfigError(f"bucket_fill must be in (0, 1], got {bucket_fill}")
+        if shards < 1:
+            raise ConfigError(f"shards must be >= 1, got {shards}")
         # Any: redis-py's stubs type replies as str, ours are bytes (decode_responses=False).
         self.redis: Any = redis
         self.fetch_mode = fetch_mode
@@ -76,6 +78,9 @@ class EmbeddingStore:
             # time per 150-id fetch (docs/embeddings.md). 64 (about 38 rows per bucket) is the
             # middle.
             max_bucket_rows=max_bucket_rows,
+            # Shards (hash tags) per table: how many cluster slots, hence up to how many
+            # masters, one table spreads over; a batch reads at most this many per fetch.
+            shards=shards,
         )
         # Publishing a new, immutable table: TablePublisher.publish (refused if it exists).
         self.publish = self._publisher.publish
@@ -86,7 +91,7 @@ class EmbeddingStore:
     def from_url(cls, url: str, **kwargs: Any) -> EmbeddingStore:
         """A store owning its own client (closed by :meth:`close`)."""
         client_kwargs = kwargs.pop("client_kwargs", {})
-        client = aioredis.Redis.from_url(url, decode_responses=False, **client_kwargs)
+        client = client_for_url(url, decode_responses=False, **client_kwargs)
         return cls(redis=client, owns_client=True, **kwargs)
 
     @classmethod
@@ -97,6 +102,7 @@ class EmbeddingStore:
             owns_client=True,
             fetch_mode=settings.embedding_fetch_mode,
             configure_redis=settings.embedding_configure_redis,
+            shards=settings.embedding_shards,
         )
 
     async def close(self) -> None:
@@ -182,13 +188,15 @@ class EmbeddingStore:
         return sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members)
 
     async def delete_version_keys(self, version: str) -> tuple[bool, int]:
-        """Remove every embedding key of ``version`` (SCAN + UNLINK in batches): the metas
-        first, so a concurrent reader sees UnknownVersion rather than half a table, then the
-        rows, then its entry in the version set. Returns (whether it was listed, keys deleted).
-        Idempotent: a run that died part-way is completed by the next."""
+        """Remove every embedding key of ``version`` (SCAN + UNLINK in batches, on every master
+        of a cluster): the metas first, then the shards' publish ids, so a concurrent reader
+        sees UnknownVersion rather than half a table, then the rows, then its entry in the
+        version set. Returns (whether it was listed, keys deleted). Idempotent: a run that died
+        part-way is completed by the next."""
         check_name("version", version)
         known = version in await self.versions()
         deleted = await self._delete_matching(keys.embedding_meta_pattern(version))
+        deleted += await self._delete_matching(keys.embedding_publish_id_pattern(version))
         deleted += await self._delete_matching(keys.embedding_version_pattern(version))
         await self.redis.srem(keys.embedding_versions(), version)
         for key in [k for k in self._metas if k[0] == version]:

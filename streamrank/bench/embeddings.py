@@ -38,6 +38,7 @@ from scoring.embeddings.policy import belady_hits, make_policy
 from scoring.embeddings.store import EmbeddingStore
 from scoring.model.registry import delete_version
 from streamrank.devstack.stack import private_redis, redis_answers
+from streamrank.redis_client import url_of, used_memory
 from streamrank.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def bench_redis(settings: Settings, *, private: bool) -> Iterator[tuple[str, bool]]:
     """``(url, started_here)``: the settings' Redis if it answers, else a private one."""
     if not private and redis_answers(settings.redis_dsn):
-        yield settings.redis_dsn, False
+        yield url_of(settings), False
         return
     with (
         tempfile.TemporaryDirectory(prefix="sr-bench-emb-") as run_dir,
@@ -176,9 +177,9 @@ async def _memory(url: str, rows: int, dim: int, seed: int) -> dict[str, Any]:
         client = store.redis
         for enc in ("int8", "fp16", "fp32"):
             version = f"bench-{enc}-{uuid.uuid4().hex[:8]}"
-            before = int((await client.info("memory"))["used_memory"])
+            before = await used_memory(client)
             report = await store.publish("item", ids, matrix, encoding=enc, version=version)
-            after = int((await client.info("memory"))["used_memory"])
+            after = await used_memory(client)
             out["bytes_per_row"][enc] = round((after - before) / rows, 1)
             out["publish_s"][enc] = round(report.seconds, 1)
             out["buckets"][enc] = {
@@ -193,9 +194,9 @@ async def _memory(url: str, rows: int, dim: int, seed: int) -> dict[str, Any]:
         # The same int8 table with longer, non-numeric ids (Redis stores numeric ids as integers).
         version = f"bench-int8s-{uuid.uuid4().hex[:8]}"
         named = [f"item-{i:09d}" for i in range(rows)]
-        before = int((await client.info("memory"))["used_memory"])
+        before = await used_memory(client)
         await store.publish("item", named, matrix, encoding="int8", version=version)
-        after = int((await client.info("memory"))["used_memory"])
+        after = await used_memory(client)
         out["bytes_per_row_int8_string_ids"] = round((after - before) / rows, 1)
         await delete_version(store, version)
     out["latency_version"] = keep

@@ -40,7 +40,7 @@ async def serve(settings: Settings, *, table_version: str, model_version: str) -
 
     async def row(item_id: str) -> np.ndarray:
         bucket = int(bucket_of([item_id], meta.buckets)[0])
-        raw = await redis.hget(keys.embedding_bucket(table_version, "item", bucket), item_id)
+        raw = await redis.hget(meta.bucket_key(bucket), item_id)
         if raw is None:
             return oov
         blob = raw if isinstance(raw, bytes) else raw.encode("latin-1")

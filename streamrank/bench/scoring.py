@@ -39,10 +39,11 @@ from scoring.serving.assemble import assemble, gather
 from scoring.serving.service import forward
 from scoring.serving.worker import configure_torch
 from streamrank import clock, keys
+from streamrank.bench import compare
 from streamrank.bench.loadgen import Driver, make_requests, zipf_ids
 from streamrank.devstack import processes
 from streamrank.devstack.processes import ChildProcess, start_child
-from streamrank.redis_client import redis_client
+from streamrank.redis_client import redis_client, used_memory
 from streamrank.settings import Settings
 from streamrank.topics import create_topics
 
@@ -76,6 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="a smoke run: 20k items, 1k users, short phases",
     )
+    compare.add_arguments(parser)
 
 
 def _quick(args: argparse.Namespace) -> None:
@@ -263,17 +265,21 @@ async def _run(args: argparse.Namespace, base: Settings, stack_kind: str) -> dic
     with tempfile.TemporaryDirectory(prefix="streamrank-bench-model-") as workdir:
         try:
             t0 = time.perf_counter()
+            memory = await used_memory(redis)
             scorer, table = await publish_synthetic(
                 redis, n_items=args.items, seed=args.seed, version=version, workdir=Path(workdir)
             )
             timings["publish_s"] = round(time.perf_counter() - t0, 1)
+            bytes_per_row = (await used_memory(redis) - memory) / args.items
             t0 = time.perf_counter()
             used = sorted({i for _, _, items in requests for i in items}
                           | {i for h in histories.values() for i in h})  # fmt: skip
             await store.publish("item", used, table[[int(i[1:]) for i in used]], encoding="fp32",
                                 version=f"{version}-fp32", progress=False)  # fmt: skip
             timings["publish_naive_fp32_s"] = round(time.perf_counter() - t0, 1)
+            memory = await used_memory(redis)
             await write_sequences(redis, histories, start_ms=clock.now_ms() - 10**6)
+            bytes_per_user = (await used_memory(redis) - memory) / args.users
             result = await _measure(args, settings, naive_settings, version, requests, modes,
                                     rates)  # fmt: skip
             configure_torch(settings)  # the same thread settings as the worker
@@ -281,6 +287,10 @@ async def _run(args: argparse.Namespace, base: Settings, stack_kind: str) -> dic
                                batch=settings.scoring_batch_max)  # fmt: skip
             result["forward_only_rps"] = max(fwd.values())
             result["forward_only_rps_by_mode"] = fwd
+            # used_memory (summed over masters) grown by the int8 item table (its rows, bucket
+            # keys, shard publish ids; the model's dense weights too) and by the sequences
+            result["redis_bytes_per_embedding_row"] = round(bytes_per_row, 1)
+            result["redis_bytes_per_user_sequence"] = round(bytes_per_user, 1)
         finally:
             with contextlib.suppress(Exception):
                 await delete_version(store, version, force=True)
@@ -306,6 +316,7 @@ async def _run(args: argparse.Namespace, base: Settings, stack_kind: str) -> dic
         "batch_wait_ms": settings.scoring_batch_wait_ms, "torch_threads": settings.torch_threads,
         "pipeline_depth": settings.scoring_pipeline_depth,
         "cpus": os.cpu_count(), "stack": stack_kind, "encoding": "int8",
+        "redis": settings.redis_mode,
     }  # fmt: skip
     result["setup"] = timings
     return result
@@ -387,8 +398,25 @@ async def _measure(
     return out
 
 
+FIGURES = (
+    "max_rps",
+    "naive_max_rps",
+    "worker_cpu_ms_per_request.per_request",
+    "latency.200.p50_ms",
+    "latency.200.p99_ms",
+    "redis_bytes_per_embedding_row",
+    "redis_bytes_per_user_sequence",
+)
+
+
 def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     if args.quick:
         _quick(args)
+    if args.compare_cluster:
+
+        def one(kind_settings: Settings, _work_dir: Path) -> dict[str, Any]:
+            return asyncio.run(_run(args, kind_settings, "private"))
+
+        return compare.compare_cluster(settings, one, runs=args.runs, figures=FIGURES)
     with bench_stack(settings) as (stack_settings, kind):
         return asyncio.run(_run(args, stack_settings, kind))

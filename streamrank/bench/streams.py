@@ -33,7 +33,8 @@ from tqdm import tqdm
 
 from schemas import Limits, decode_click
 from streamrank import clock, keys
-from streamrank.redis_client import redis_client
+from streamrank.bench import compare
+from streamrank.redis_client import redis_client, used_memory
 from streamrank.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--path", choices=("batch", "agent"), default=None, help="features_path")
     parser.add_argument("--batch-size", type=int, default=None, help="features_batch_size")
     parser.add_argument("--seed", type=int, default=7)
+    compare.add_arguments(parser)
 
 
 def zipf_choice(rng: np.random.Generator, n: int, size: int, s: float) -> np.ndarray:
@@ -287,20 +289,18 @@ async def measure_latency(
 
 
 async def _cleanup(settings: Settings, run: str) -> int:
+    """Delete the run's keys (every master of a cluster is scanned) and its item counts."""
     client = redis_client(settings, timeout_s=10)
     deleted = 0
     try:
         for pattern in (
-            keys.sequence(f"{run}-*"),
-            keys.seen(f"{run}-*"),
-            keys.user_counter_bucket(f"{run}-*", 0, 0).rsplit(":", 2)[0] + ":*",
+            keys.user_keys_pattern(f"{run}-*"),
+            keys.item_keys_pattern(f"seen:{run}-"),
         ):
             batch = [k async for k in client.scan_iter(match=pattern, count=5000)]
             for i in range(0, len(batch), 5000):
                 deleted += await client.unlink(*batch[i : i + 5000])
-        async for key in client.scan_iter(
-            match=keys.item_counter_bucket(0, 0)[: -len("0:0")] + "*"
-        ):
+        async for key in client.scan_iter(match=keys.item_keys_pattern("cnt")):
             fields = [f async for f, _ in client.hscan_iter(key, match=f"{run}-*")]
             if fields:
                 await client.hdel(key, *fields)
@@ -336,6 +336,8 @@ async def _bench(settings: Settings, args: argparse.Namespace, work_dir: Path) -
         seed=args.seed,
         start_ms=clock.now_ms() - args.events,
     )
+    memory_client = redis_client(settings, timeout_s=10)
+    memory_before = await used_memory(memory_client)
     produce_s = await produce_all(settings, settings.topic_clicks, messages)
     raw = await raw_consume(settings, settings.topic_clicks, args.events)
     worker = start_worker(
@@ -344,6 +346,9 @@ async def _bench(settings: Settings, args: argparse.Namespace, work_dir: Path) -
     try:
         await asyncio.to_thread(worker.wait_ready, 120)
         drain = await measure_drain(worker.pid, settings.metrics_port or 0, args.events)
+        memory = await used_memory(memory_client) - memory_before
+        await memory_client.aclose()
+        users = len({key for key, _value in messages})
         port = settings.metrics_port or 0
         before = await asyncio.to_thread(_samples, port)
         latency = await measure_latency(settings, settings.topic_clicks, run, args)
@@ -371,6 +376,11 @@ async def _bench(settings: Settings, args: argparse.Namespace, work_dir: Path) -
         "events_per_s_vs_raw": round(drain["events_per_s"] / raw, 3),
         "worker_cpu_us_per_event": round(drain["worker_cpu_us_per_event"], 1),
         **latency,
+        "redis": settings.redis_mode,
+        # used_memory (summed over masters) grown by the backlog's keys: the users' sequences,
+        # counters and dedupe markers (both sides), and the item counters
+        "redis_bytes_per_user": round(memory / users, 1),
+        "redis_bytes_per_event": round(memory / args.events, 1),
         "goal_events_per_s_25000": drain["events_per_s"] >= 25_000,
         "goal_latency_p99_50ms": latency["latency_p99_ms"] <= 50,
         "redis_keys_cleaned": deleted,
@@ -378,9 +388,27 @@ async def _bench(settings: Settings, args: argparse.Namespace, work_dir: Path) -
     }
 
 
+FIGURES = (
+    "events_per_s",
+    "worker_cpu_us_per_event",
+    "latency_p50_ms",
+    "latency_p99_ms",
+    "redis_bytes_per_user",
+    "redis_bytes_per_event",
+)
+
+
 def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     """Run the benchmark; start a private embedded stack when the configured one is down."""
     from streamrank.devstack.pipeline import stack_or_private
+
+    if args.compare_cluster:
+
+        def one(kind_settings: Settings, work_dir: Path) -> dict[str, Any]:
+            work_dir.mkdir(parents=True, exist_ok=True)
+            return asyncio.run(_bench(kind_settings, args, work_dir))
+
+        return compare.compare_cluster(settings, one, runs=args.runs, figures=FIGURES)
 
     with (
         tempfile.TemporaryDirectory(

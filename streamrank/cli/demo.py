@@ -33,13 +33,13 @@ def _interruptible() -> Iterator[None]:
 
 
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
-
-    stack = stack_from(settings)
+    # Settings that name a cluster get the embedded stack with a local cluster.
+    stack = stack_from(settings, redis_cluster=True if settings.redis_is_cluster else None)
     status = stack.status()
     we_started = not (status["kafka"]["up"] and status["redis"]["up"])
     if we_started:
         say("starting the embedded stack ...")
-        stack.up(timeout_s=60)
+        stack.up(timeout_s=120)
     else:
         say("using the stack that is already up")
     status = stack.status()

@@ -32,7 +32,7 @@ from streamrank.cli import (
 )
 from streamrank.cli.common import Handler, settings_from_args
 from streamrank.errors import StreamrankError, one_line
-from streamrank.redis_errors import TRANSIENT as REDIS_TRANSIENT
+from streamrank.redis_errors import is_transient
 
 logger = logging.getLogger("streamrank")
 
@@ -72,13 +72,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StreamrankError as exc:
         print(f"streamrank: {exc}", file=sys.stderr)
         return 1
-    except REDIS_TRANSIENT as exc:
-        print(
-            f"streamrank: cannot reach Redis ({exc}); is the stack up (`streamrank stack up`) "
-            "or STREAMRANK_REDIS_URL right?",
-            file=sys.stderr,
-        )
-        return 1
     except aiokafka.errors.KafkaConnectionError as exc:
         print(
             f"streamrank: cannot reach Kafka at {config.kafka_bootstrap} ({exc}); is the stack "
@@ -90,6 +83,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("streamrank: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
+        if is_transient(exc):  # Redis (or a Redis Cluster) that does not answer
+            print(
+                f"streamrank: cannot reach Redis ({exc}); is the stack up (`streamrank stack "
+                "up`) or STREAMRANK_REDIS_URL right?",
+                file=sys.stderr,
+            )
+            return 1
         # A bug of ours: the traceback for whoever fixes it, then one line saying why.
         logger.error("%s failed", args.command, exc_info=True)
         print(f"streamrank: {args.command} stopped: {one_line(exc)}", file=sys.stderr)

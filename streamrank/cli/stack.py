@@ -10,26 +10,25 @@ from streamrank.devstack.stack import EmbeddedStack
 from streamrank.settings import Settings
 
 
-def stack_from(settings: Settings) -> EmbeddedStack:
+def stack_from(settings: Settings, *, redis_cluster: bool | None = None) -> EmbeddedStack:
     return EmbeddedStack(
         run_dir=settings.run_dir,
         kafka_port=settings.stack_kafka_port,
         redis_port=settings.stack_redis_port,
+        redis_cluster=redis_cluster,
     )
 
 
 def _stack(args: argparse.Namespace, settings: Settings) -> int:
     from streamrank.cli.common import print_json
 
-    stack = stack_from(settings)
+    # `up` starts what is asked for; `down` and `status` act on what this run dir runs.
+    stack = stack_from(settings, redis_cluster=args.redis_cluster if args.action == "up" else None)
     if args.action == "up":
         status = stack.up(timeout_s=args.timeout)
         _report(status, args.json)
         if not args.json:
-            print(
-                f"export STREAMRANK_KAFKA_BOOTSTRAP={stack.bootstrap} "
-                f"STREAMRANK_REDIS_URL={stack.redis_url}"
-            )
+            print("export " + " ".join(f"{k}={v}" for k, v in stack.client_env().items()))
         return 0
     if args.action == "down":
         stopped = stack.down()
@@ -50,8 +49,14 @@ def _report(status: dict[str, Any], as_json: bool) -> None:
         print_json({k: status[k] for k in ("kafka", "redis")})
         return
     kafka, redis = status["kafka"], status["redis"]
-    print(f"kafka  {kafka['bootstrap']:<28} {'up' if kafka['up'] else 'down'}")
-    print(f"redis  {redis['url']:<28} {'up' if redis['up'] else 'down'}")
+    print(f"kafka  {kafka['bootstrap']:<36} {'up' if kafka['up'] else 'down'}")
+    state = f" (cluster_state {redis['state']})" if redis["mode"] == "cluster" else ""
+    print(f"redis  {redis['url']:<36} {'up' if redis['up'] else 'down'}{state}")
+    for node in redis.get("nodes", ()):
+        serves = f"{node['slots']} slots" if node["role"] == "master" else "replica"
+        print(
+            f"  node {node['address']:<21} {node['role']:<8} {serves:<12} {'up' if node['up'] else 'down'}"
+        )
 
 
 def _topics(args: argparse.Namespace, settings: Settings) -> int:
@@ -74,6 +79,12 @@ def register(sub: Any) -> None:
     stack.add_argument("--kafka-port", type=int, help="broker port (STREAMRANK_STACK_KAFKA_PORT)")
     stack.add_argument("--redis-port", type=int, help="Redis port (STREAMRANK_STACK_REDIS_PORT)")
     stack.add_argument("--run-dir", help="pid/log directory (STREAMRANK_RUN_DIR)")
+    stack.add_argument(
+        "--redis-cluster",
+        action="store_true",
+        help="`up`: a local Redis Cluster (3 masters, 1 replica each, on the Redis port and the "
+        "5 above it) instead of one Redis; `down`/`status` find out by themselves",
+    )
     stack.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for `up`")
     stack.set_defaults(
         func=_stack,

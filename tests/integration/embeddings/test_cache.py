@@ -13,7 +13,7 @@ from scoring.embeddings.codec import roundtrip
 from scoring.embeddings.store import EmbeddingStore
 from scoring.model.registry import delete_version
 from tests.conftest import StackInfo
-from tests.integration.support.embeddings import CountingRedis, matrix
+from tests.integration.support.embeddings import RoundTrips, counting_client, matrix
 
 IDS = [f"m{k}" for k in range(2000)]
 
@@ -55,22 +55,22 @@ async def test_values_hits_misses_and_one_round_trip(
     expected = roundtrip(matrix(2000, 32, 1), "int8")
     await store.fetch_encoded("item", ["m0"], version=two_versions[1])  # loads the Lua script
     asked = ["m5", "m9", "m5", "nope", "m1999"]
-    trips = CountingRedis.round_trips
+    trips = RoundTrips.count
     got = await emb.lookup(va, "item", asked)
-    assert CountingRedis.round_trips - trips == 2  # meta (first use of the table) + 1 fetch
+    assert RoundTrips.count - trips == 2  # meta (first use of the table) + 1 fetch
     assert np.array_equal(got[[0, 1, 2, 4]], expected[[5, 9, 5, 1999]])
     assert not got[3].any()
     s = emb.stats()
     assert (s["hits"], s["misses"], s["oov"]) == (0, 4, 1)
     # Second time: everything from the cache, no round trip at all.
-    trips = CountingRedis.round_trips
+    trips = RoundTrips.count
     again = await emb.lookup(va, "item", asked)
-    assert CountingRedis.round_trips == trips
+    assert RoundTrips.count == trips
     assert np.array_equal(again, got)
     # A mixed batch: misses fetched in ONE round trip.
-    trips = CountingRedis.round_trips
+    trips = RoundTrips.count
     mixed = await emb.lookup(va, "item", ["m5", "m10", "m11", "m12", "m9"])
-    assert CountingRedis.round_trips - trips == 1
+    assert RoundTrips.count - trips == 1
     assert np.array_equal(mixed, expected[[5, 10, 11, 12, 9]])
     s = emb.stats()
     assert (s["hits"], s["misses"], s["oov"]) == (4 + 2, 4 + 3, 2)
@@ -131,9 +131,9 @@ async def test_warm_preloads_top_ids(store: EmbeddingStore, two_versions: tuple[
     loaded = await emb.warm_by_popularity(va, "item", Popularity(), IDS, k=200)
     assert loaded == 200
     hot = [f"m{k}" for k in range(200)]
-    trips = CountingRedis.round_trips
+    trips = RoundTrips.count
     got = await emb.lookup(va, "item", hot[:150])
-    assert CountingRedis.round_trips == trips
+    assert RoundTrips.count == trips
     assert emb.stats()["hits"] == 150
     assert np.array_equal(
         got, roundtrip(matrix(2000, 32, 1), "int8")[[int(h[1:]) for h in hot[:150]]]
@@ -197,7 +197,7 @@ async def test_republished_version_never_mixes_cached_rows_of_the_old_publish(
 ) -> None:
     # The writer is another process: it deletes the version and publishes it again under the
     # same name (new rows, maybe another encoding) while this cache holds rows of the first one.
-    writer_client = CountingRedis.from_url(stack.redis_url, decode_responses=False)
+    writer_client = counting_client(stack.redis_url, decode_responses=False)
     writer = EmbeddingStore(redis=writer_client)
     version = f"crepub-{unique}"
     first, second = matrix(300, 32, 11), matrix(300, 32, 12)
@@ -216,9 +216,9 @@ async def test_republished_version_never_mixes_cached_rows_of_the_old_publish(
         got = await emb.lookup(version, "item", ids[50:150])
         assert np.array_equal(got, roundtrip(second[50:150], second_encoding))
         # And from now on the cache serves the new rows, without a round trip.
-        trips = CountingRedis.round_trips
+        trips = RoundTrips.count
         again = await emb.lookup(version, "item", ids[50:150])
-        assert CountingRedis.round_trips == trips
+        assert RoundTrips.count == trips
         assert np.array_equal(again, got)
         # Warm-up skips only the rows of the current publish.
         assert await emb.warm(version, "item", ids[:60]) == 50

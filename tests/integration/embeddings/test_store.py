@@ -2,32 +2,40 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
-import redis.asyncio as aioredis
+from redis.crc import key_slot
 
+from scoring.embeddings.bucketing import bucket_of
 from scoring.embeddings.codec import ENCODINGS, max_abs_error, roundtrip
 from scoring.embeddings.store import EmbeddingStore
 from scoring.model.registry import delete_version
 from streamrank import keys
 from streamrank.errors import EmbeddingError, UnknownVersion
+from streamrank.redis_client import client_for_url, is_cluster
 from tests.conftest import StackInfo
-from tests.integration.support.embeddings import CountingRedis, commandstats, matrix
+from tests.integration.support.embeddings import (
+    RoundTrips,
+    commandstats,
+    config_set,
+    config_value,
+    matrix,
+)
 
 
-async def ziplist_value(redis: aioredis.Redis) -> int:
-    conf = await redis.config_get("hash-max-ziplist-value")
-    value = conf.get("hash-max-ziplist-value", conf.get(b"hash-max-ziplist-value"))
-    return int(value)
+async def ziplist_value(redis: Any) -> int:
+    return await config_value(redis, "hash-max-ziplist-value")
 
 
-async def keys_of(redis: aioredis.Redis, version: str) -> list[bytes]:
+async def keys_of(redis: Any, version: str) -> list[bytes]:
     return [k async for k in redis.scan_iter(match=keys.embedding_version_pattern(version))]
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
 async def test_round_trip_within_quantisation_bound(
-    store: EmbeddingStore, redis: CountingRedis, unique: str, encoding: str
+    store: EmbeddingStore, redis: Any, unique: str, encoding: str
 ) -> None:
     ids = [f"item-{k}" for k in range(3000)]
     m = matrix(3000, 32, seed=1) * np.float32(3.0)
@@ -38,7 +46,7 @@ async def test_round_trip_within_quantisation_bound(
     assert report.max_bucket_rows <= 128
     # Every bucket stays in the compact encoding (fp32 rows need hash-max-ziplist-value >= 128).
     for key in (await keys_of(redis, version))[:20]:
-        if not key.endswith(b":meta"):
+        if not key.endswith((b":meta", b":pid")):
             assert await redis.object("encoding", key) in (b"ziplist", b"listpack")
     asked = [*ids[::-1][:700], "item-17", "item-5", "item-5"]  # repeats allowed
     got = await store.lookup("item", asked, version=version)
@@ -73,7 +81,7 @@ async def test_oov_rows_are_served_and_counted(store: EmbeddingStore, unique: st
 
 
 async def test_versions_are_isolated_and_delete_removes_only_one(
-    store: EmbeddingStore, redis: CountingRedis, unique: str
+    store: EmbeddingStore, redis: Any, unique: str
 ) -> None:
     ids = [f"i{k}" for k in range(500)]
     a, b = matrix(500, 16, seed=3), matrix(500, 16, seed=4)
@@ -101,7 +109,7 @@ async def test_versions_are_isolated_and_delete_removes_only_one(
 
 
 async def test_delete_refuses_the_active_model_version(
-    store: EmbeddingStore, redis: CountingRedis, unique: str
+    store: EmbeddingStore, redis: Any, unique: str
 ) -> None:
     version = f"active-{unique}"
     await store.publish(
@@ -122,7 +130,7 @@ async def test_delete_refuses_the_active_model_version(
 
 
 async def test_delete_refuses_a_version_in_the_canary_split(
-    store: EmbeddingStore, redis: CountingRedis, unique: str
+    store: EmbeddingStore, redis: Any, unique: str
 ) -> None:
     # The scoring worker serves every version of sr:model:split, not only sr:model:active.
     version, other = f"canary-{unique}", f"other-{unique}"
@@ -145,7 +153,7 @@ async def test_delete_refuses_a_version_in_the_canary_split(
             await redis.set(keys.model_split(), previous)
 
 
-async def test_deleted_and_republished_version_is_reread(redis: CountingRedis, unique: str) -> None:
+async def test_deleted_and_republished_version_is_reread(redis: Any, unique: str) -> None:
     # Two processes: the reader caches the meta, the writer deletes and republishes.
     reader, writer = EmbeddingStore(redis=redis), EmbeddingStore(redis=redis)
     version = f"repub-{unique}"
@@ -166,7 +174,7 @@ async def test_deleted_and_republished_version_is_reread(redis: CountingRedis, u
 
 
 async def test_bad_input_is_rejected_before_anything_is_written(
-    store: EmbeddingStore, redis: CountingRedis, unique: str
+    store: EmbeddingStore, redis: Any, unique: str
 ) -> None:
     version = f"bad-{unique}"
     ids = [f"i{k}" for k in range(10)]
@@ -210,25 +218,30 @@ async def test_unknown_version_and_table_errors(store: EmbeddingStore, unique: s
 
 
 @pytest.mark.parametrize("fetch_mode", ["script", "pipeline"])
-async def test_one_round_trip_per_batch(redis: CountingRedis, unique: str, fetch_mode: str) -> None:
+async def test_one_round_trip_per_batch(redis: Any, unique: str, fetch_mode: str) -> None:
     store = EmbeddingStore(redis=redis, fetch_mode=fetch_mode)  # type: ignore[arg-type]
     version = f"rtt-{fetch_mode}-{unique}"
     ids = [str(k) for k in range(20_000)]
     m = matrix(20_000, 32, seed=10)
     report = await store.publish("item", ids, m, encoding="int8", version=version, progress=False)
     assert report.buckets > 150  # so a 150-id batch touches many buckets
-    await store.table_meta(version, "item")  # meta read once per process, then cached
+    meta = await store.table_meta(version, "item")  # meta read once per process, then cached
+    assert meta.shards == 16
     rng = np.random.default_rng(11)
     for _ in range(3):
         asked = [str(k) for k in rng.integers(0, 25_000, 150)]  # some unknown
+        # One script call per slot the touched shards are in: on one server, one per batch.
+        shards = set(keys.embedding_shard(bucket_of(list(dict.fromkeys(asked)), meta.buckets), 16))
+        tags = [keys.embedding_shard_tag(version, "item", int(s)) for s in shards]
+        calls = len({key_slot(t.encode()) for t in tags}) if is_cluster(redis) else 1
         stats = await commandstats(redis)
-        trips = CountingRedis.round_trips
+        trips = RoundTrips.count
         got = await store.lookup("item", asked, version=version)
-        assert CountingRedis.round_trips - trips == 1
+        assert RoundTrips.count - trips == 1  # one pipeline (every node at once on a cluster)
         after = await commandstats(redis)
         if fetch_mode == "script":
-            # The whole batch ran inside one EVALSHA on the server.
-            assert after.get("evalsha", 0) - stats.get("evalsha", 0) == 1
+            # The whole batch ran inside one EVALSHA per slot group on the server.
+            assert after.get("evalsha", 0) - stats.get("evalsha", 0) == calls
             assert after.get("hmget", 0) == stats.get("hmget", 0)
         idx = np.array([int(a) for a in asked])
         known = idx < 20_000
@@ -237,12 +250,9 @@ async def test_one_round_trip_per_batch(redis: CountingRedis, unique: str, fetch
     await delete_version(store, version)
 
 
-async def test_a_zero_ziplist_entries_limit_is_a_clear_error(
-    redis: CountingRedis, unique: str
-) -> None:
-    conf = await redis.config_get("hash-max-ziplist-entries")
-    original = int(conf.get("hash-max-ziplist-entries", conf.get(b"hash-max-ziplist-entries")))
-    await redis.config_set("hash-max-ziplist-entries", 0)
+async def test_a_zero_ziplist_entries_limit_is_a_clear_error(redis: Any, unique: str) -> None:
+    original = await config_value(redis, "hash-max-ziplist-entries")
+    await config_set(redis, "hash-max-ziplist-entries", 0)
     try:
         store = EmbeddingStore(redis=redis)
         with pytest.raises(EmbeddingError, match="hash-max-ziplist-entries 0"):
@@ -252,12 +262,12 @@ async def test_a_zero_ziplist_entries_limit_is_a_clear_error(
             )  # fmt: skip
         assert await keys_of(redis, f"ze-{unique}") == []
     finally:
-        await redis.config_set("hash-max-ziplist-entries", original)
+        await config_set(redis, "hash-max-ziplist-entries", original)
 
 
-async def test_fp32_needs_a_larger_ziplist_value_limit(redis: CountingRedis, unique: str) -> None:
+async def test_fp32_needs_a_larger_ziplist_value_limit(redis: Any, unique: str) -> None:
     original = await ziplist_value(redis)
-    await redis.config_set("hash-max-ziplist-value", 64)
+    await config_set(redis, "hash-max-ziplist-value", 64)
     try:
         strict = EmbeddingStore(redis=redis, configure_redis=False)
         with pytest.raises(EmbeddingError, match="hash-max-ziplist-value >= 128"):
@@ -288,20 +298,20 @@ async def test_fp32_needs_a_larger_ziplist_value_limit(redis: CountingRedis, uni
         await delete_version(lenient, f"z-{unique}")
         await delete_version(lenient, f"z2-{unique}")
     finally:
-        await redis.config_set("hash-max-ziplist-value", max(original, 128))
+        await config_set(redis, "hash-max-ziplist-value", max(original, 128))
 
 
 async def test_client_must_return_bytes(stack: StackInfo) -> None:
     from streamrank.errors import ConfigError
 
-    text = aioredis.Redis.from_url(stack.redis_url, decode_responses=True)
+    text = client_for_url(stack.redis_url, decode_responses=True)
     with pytest.raises(ConfigError, match="decode_responses=False"):
         EmbeddingStore(redis=text)
     await text.aclose()
 
 
 @pytest.mark.parametrize("fetch_mode", ["script", "pipeline"])
-async def test_unicode_ids_round_trip(redis: CountingRedis, unique: str, fetch_mode: str) -> None:
+async def test_unicode_ids_round_trip(redis: Any, unique: str, fetch_mode: str) -> None:
     # Ids travel as UTF-8 (bucket hash, HSET field, the script's \x1f-joined argument).
     store = EmbeddingStore(redis=redis, fetch_mode=fetch_mode)  # type: ignore[arg-type]
     version = f"uni-{fetch_mode}-{unique}"

@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-import redis.asyncio as aioredis
 
 from scoring.embeddings.codec import roundtrip
 from scoring.embeddings.store import EmbeddingStore
@@ -19,13 +18,14 @@ from scoring.model.registry import activate_version, load_scorer_from_redis, pub
 from streamrank import keys
 from streamrank.cli.main import main
 from streamrank.errors import ArtifactError, UnknownVersion
+from streamrank.redis_client import client_for_url
 from tests.conftest import StackInfo
 from tests.unit.model.test_artifact import make_artifact
 
 
 def _run(url: str, fn: Any) -> Any:
     async def go() -> Any:
-        client = aioredis.Redis.from_url(url, decode_responses=False)
+        client = client_for_url(url, decode_responses=False)
         try:
             return await fn(client)
         finally:
@@ -34,7 +34,7 @@ def _run(url: str, fn: Any) -> Any:
     return asyncio.run(go())
 
 
-async def _version_keys(client: aioredis.Redis, version: str) -> list[bytes]:
+async def _version_keys(client: Any, version: str) -> list[bytes]:
     found = [k async for k in client.scan_iter(match=f"sr:*{version}*", count=1000)]
     if version.encode() in await client.smembers(keys.embedding_versions()):
         found.append(b"(in sr:emb:versions)")
@@ -63,7 +63,7 @@ def test_publish_load_and_activate(
     assert report["version"] == version and report["encoding"] == "fp16"
     assert report["item_table"]["rows"] == 40
 
-    async def check(client: aioredis.Redis) -> None:
+    async def check(client: Any) -> None:
         # dense + config in Redis; the config records the published encoding
         config = json.loads(await client.get(keys.model_config(version)))
         assert config["encoding"] == "fp16" and config["version"] == version
@@ -147,7 +147,7 @@ def test_publish_completes_after_a_crash_between_table_and_weights(
 ) -> None:
     art = load_artifact(make_artifact(tmp_path, rows=12, encoding="int8"))
 
-    async def scenario(client: aioredis.Redis) -> None:
+    async def scenario(client: Any) -> None:
         # the item table made it, the model keys did not (publish died in between)
         await EmbeddingStore(redis=client).publish(
             "item", art.item_ids, art.item_table, encoding="int8", version=art.version,
@@ -177,7 +177,7 @@ def test_corrupt_published_config_is_an_artifact_error(
     # AttributeError on a JSON list) would escape it.
     version = f"corrupt-{unique}"
 
-    async def go(client: aioredis.Redis) -> None:
+    async def go(client: Any) -> None:
         await client.set(keys.model_config(version), config)
         await client.set(keys.model_dense(version), b"x")
         try:

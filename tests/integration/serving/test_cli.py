@@ -14,13 +14,13 @@ from pathlib import Path
 
 import orjson
 import pytest
-import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
 
 from schemas import RankResult
 from scoring.client import RankClient, RankTimeout
 from streamrank.devstack.stack import free_port
 from streamrank.errors import KafkaUnavailable
+from streamrank.redis_client import redis_client
 from streamrank.settings import Settings
 from streamrank.topics import create_topics
 from tests.integration.support.features import get_json
@@ -33,7 +33,7 @@ def env_for(settings: Settings) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRANK_")}
     env.update(
         STREAMRANK_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
-        STREAMRANK_REDIS_URL=settings.redis_dsn,
+        STREAMRANK_REDIS_URL=settings.redis_url.get_secret_value(),
         STREAMRANK_TOPIC_REQUESTS=settings.topic_requests,
         STREAMRANK_TOPIC_RESULTS=settings.topic_results,
         STREAMRANK_TOPIC_DEAD_LETTERS=settings.topic_dead_letters,
@@ -58,7 +58,7 @@ async def test_worker_command_rank_command_and_metrics(
     settings = make_settings(scoring_group_id=f"cli-{unique}")
     await create_topics(settings)
     artifact = train_tiny_artifact(tmp_path, seed=5)
-    redis = aioredis.from_url(settings.redis_dsn)
+    redis = redis_client(settings)
     version = await publish(redis, artifact)
     await redis.aclose()
     items = item_ids(artifact)[:3]

@@ -177,6 +177,9 @@ async def test_bad_requests_go_to_dead_letters_with_error_replies(
     ] == ["invalid_request"]
 
 
+@pytest.mark.standalone_only(
+    "stops and starts a private redis-server; the cluster's failover is tests/integration/app/test_failover.py"
+)
 async def test_redis_down_gives_degraded_replies_then_back_to_normal(
     make_settings: Callable[..., Settings], unique: str, tiny_artifacts: tuple[Path, Path],
     tmp_path: Path,

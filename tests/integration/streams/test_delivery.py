@@ -9,11 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis.asyncio as aioredis
 
 from streamrank.devstack.processes import start_worker
 from streamrank.devstack.stack import RedisServer, free_port
 from streamrank.devstack.stack import private_redis as stack_private_redis
+from streamrank.redis_client import redis_client
 from streamrank.settings import Settings
 from streams.reader import FeatureReader
 from tests.integration.support.features import (
@@ -36,7 +36,7 @@ def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 async def total_clicks(settings: Settings, users: list[str]) -> int:
-    client = aioredis.from_url(settings.redis_dsn)
+    client = redis_client(settings)
     try:
         counters = await FeatureReader(redis=client, settings=settings).get_counters(user_ids=users)
     finally:
@@ -44,6 +44,9 @@ async def total_clicks(settings: Settings, users: list[str]) -> int:
     return sum(c["clicks_1h"] for c in counters["users"].values())
 
 
+@pytest.mark.standalone_only(
+    "stops and starts a private redis-server; the cluster's failover is tests/integration/app/test_failover.py"
+)
 async def test_redis_down_then_back_loses_nothing(
     make_settings, unique, tmp_path, private_redis
 ) -> None:  # type: ignore[no-untyped-def]
@@ -64,7 +67,7 @@ async def test_redis_down_then_back_loses_nothing(
         ]
 
     async def applied(n: int) -> bool:
-        members = await sequence_members(settings.redis_dsn, users)
+        members = await sequence_members(settings, users)
         return sum(len(m) for m in members.values()) == n
 
     try:
@@ -142,11 +145,11 @@ async def test_two_workers_one_killed_the_other_continues(make_settings, unique,
         await produce(settings, messages[total // 2 :])
 
         async def all_applied() -> bool:
-            members = await sequence_members(settings.redis_dsn, users)
+            members = await sequence_members(settings, users)
             return sum(len(m) for m in members.values()) == total
 
         await poll(all_applied, timeout_s=60, what="every click applied after the kill")
-        members = await sequence_members(settings.redis_dsn, users)
+        members = await sequence_members(settings, users)
         flat = [e for m in members.values() for e in m]
         assert sorted(flat) == sorted(f"{unique}-{i:05d}" for i in range(total))  # none lost
         assert await total_clicks(settings, users) == total  # none counted twice

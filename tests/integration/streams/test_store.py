@@ -5,32 +5,46 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from typing import Any
 
 import orjson
-import redis.asyncio as aioredis
+import pytest
 
 from schemas import ClickEvent
 from streamrank import keys
+from streamrank.redis_client import on_each_server, slot_grouping, slot_of_tag
 from streamrank.settings import Settings
 from streams.reader import FeatureReader, SequenceEvent
 from streams.windows import windows_from_settings
-from streams.writer import BatchWriter, assemble
+from streams.writer import BatchCalls, BatchWriter, SlotOf, assemble
+from tests.integration.support.embeddings import RoundTrips, commandstats
 
 
-def writer_for(settings: Settings, redis: aioredis.Redis) -> Callable[..., object]:
+def batch_for(
+    settings: Settings, events: list[ClickEvent], now_ms: int, slot_of: SlotOf | None
+) -> BatchCalls:
+    return assemble(
+        events,
+        now_ms=now_ms,
+        windows=windows_from_settings(settings),
+        lateness_s=settings.counter_lateness_s,
+        sequence_length=settings.sequence_length,
+        sequence_ttl_s=settings.sequence_ttl_s,
+        dedupe_ttl_s=settings.dedupe_ttl_s,
+        slot_of=slot_of,
+    )
+
+
+def writer_for(
+    settings: Settings, redis: Any, *, slot_of: SlotOf | str | None = "auto"
+) -> Callable[..., Any]:
+    """``write(events, now_ms)`` as the features worker does it (one call per slot group on a
+    cluster, one call on a single server); ``slot_of`` forces a grouping."""
     writer = BatchWriter(redis=redis)
+    grouping = slot_grouping(redis) if slot_of == "auto" else slot_of
 
     async def write(events: list[ClickEvent], now_ms: int) -> int:
-        call = assemble(
-            events,
-            now_ms=now_ms,
-            windows=windows_from_settings(settings),
-            lateness_s=settings.counter_lateness_s,
-            sequence_length=settings.sequence_length,
-            sequence_ttl_s=settings.sequence_ttl_s,
-            dedupe_ttl_s=settings.dedupe_ttl_s,
-        )
-        return await writer.apply(call)
+        return await writer.apply(batch_for(settings, events, now_ms, grouping))  # type: ignore[arg-type]
 
     return write
 
@@ -87,7 +101,10 @@ async def test_cap_drops_oldest_and_ttls_are_set(make_settings, redis, unique) -
     seq = (await reader.get_sequences([user]))[user]
     assert [e.item_id for e in seq] == ["i7", "i8", "i9", "i10", "i11"]
     assert 990_000 <= await redis.pttl(keys.sequence(user)) <= 1_000_000
-    assert 490_000 <= await redis.pttl(keys.seen(f"{unique}-0003")) <= 500_000
+    assert 490_000 <= await redis.pttl(keys.seen(user, f"{unique}-0003")) <= 500_000
+    # the item side's marker lives as long as the dedupe window (shorter than the buckets here)
+    marker = keys.item_seen(keys.item_shard("i3"), f"{unique}-0003")
+    assert 490_000 <= await redis.pttl(marker) <= 500_000
     fine, _coarse = windows_from_settings(settings)
     # The bucket of the newest event (not of `now`: a bucket boundary may fall in between).
     bucket = events[-1].ts // 1000 // fine.resolution_s * fine.resolution_s
@@ -136,16 +153,67 @@ async def test_windows_follow_event_time_and_buckets_expire(make_settings, redis
     assert 0 < ttl <= (60 + 3600) * 1000
 
 
+async def connections_received(redis: Any) -> int:
+    stats = await on_each_server(redis, "INFO", "stats")
+    return sum(int(s["total_connections_received"]) for s in stats)
+
+
 async def test_reads_are_one_round_trip_for_a_batch(make_settings, redis, unique) -> None:  # type: ignore[no-untyped-def]
     settings = make_settings()
     reader = FeatureReader(redis=redis, settings=settings)
-    before = (await redis.info("stats"))["total_connections_received"]
+    await reader.get_sequences(["warm-up"])  # a connection to every node that may be read
+    await reader.get_counters(user_ids=["warm-up"], item_ids=[str(i) for i in range(40)])
+    before = await connections_received(redis)
+    trips = RoundTrips.count
     users = [f"u{i}-{unique}" for i in range(64)]
     result = await reader.get_sequences(users)
     counters = await reader.get_counters(user_ids=users, item_ids=["a", "b"])
     assert set(result) == set(users) and set(counters["users"]) == set(users)
-    after = (await redis.info("stats"))["total_connections_received"]
-    assert after - before <= 1  # pipelined on one connection
+    assert RoundTrips.count - trips == 2  # one pipeline each (every node at once on a cluster)
+    assert await connections_received(redis) == before  # on connections already open
+
+
+async def test_a_batch_split_by_slot_equals_one_call_and_a_partial_write_is_retried_safely(
+    make_settings, redis, unique
+) -> None:  # type: ignore[no-untyped-def]
+    """The cluster path (one call per hash slot) leaves the same state as one call for the
+    whole batch; and after a partial failure (some calls applied, some not) the batch sent
+    again applies every event exactly once: each slot's markers gate its own effects."""
+    settings = make_settings(sequence_length=6)
+    reader = FeatureReader(redis=redis, settings=settings)
+    now = int(time.time() * 1000)
+    rng = random.Random(9)
+    raw = [(f"{i:03d}", rng.randrange(8), rng.randrange(30), now - rng.randrange(90_000)) for i in range(150)]  # fmt: skip
+
+    def events(tag: str) -> list[ClickEvent]:
+        return [ClickEvent(f"{tag}-{e}", f"{tag}-u{u}", f"{tag}-i{i}", ts, f"c{i % 3}") for e, u, i, ts in raw]  # fmt: skip
+
+    x, y, z = f"x{unique}", f"y{unique}", f"z{unique}"
+    assert await writer_for(settings, redis)(events(x), now) == 150  # as the worker does it
+    assert await writer_for(settings, redis, slot_of=slot_of_tag)(events(y), now) == 150
+    split = batch_for(settings, events(z), now, slot_of_tag)
+    assert len(split.calls) > 8  # 8 users and up to 16 item shards: many slots
+    writer = BatchWriter(redis=redis)
+    part = BatchCalls(split.calls[::2], split.events, split.too_old_for_counters)
+    first = await writer.apply(part)  # a batch that failed after some of its calls
+    assert 0 < first < 150
+    assert first + await writer.apply(split) == 150  # the retry applies only the rest
+    assert await writer.apply(split) == 0
+
+    def strip(tag: str, value: object) -> object:
+        return orjson.loads(orjson.dumps(value).decode().replace(tag, "T"))
+
+    async def state(tag: str) -> object:
+        users, items = [f"{tag}-u{u}" for u in range(8)], [f"{tag}-i{i}" for i in range(30)]
+        seqs = {u: [e.to_dict() for e in s] for u, s in (await reader.get_sequences(users)).items()}
+        counters = await reader.get_counters(user_ids=users, item_ids=items, at_ms=now)
+        return strip(tag, {"seqs": seqs, "counters": counters})
+
+    sx = await state(x)
+    assert sx == await state(y) == await state(z)
+    counters: Any = sx["counters"]  # type: ignore[index]
+    assert sum(c["clicks_24h"] for c in counters["items"].values()) == 150
+    assert sum(c["clicks_24h"] for c in counters["users"].values()) == 150
 
 
 async def test_batches_commute_so_two_can_be_in_flight(make_settings, redis, unique) -> None:  # type: ignore[no-untyped-def]
@@ -189,3 +257,49 @@ async def test_batches_commute_so_two_can_be_in_flight(make_settings, redis, uni
     cnt_y = await reader.get_counters(user_ids=users(y), item_ids=items(y), at_ms=now)
     assert strip(x, cnt_x) == strip(y, cnt_y)
     assert sum(c["clicks_1h"] for c in cnt_x["users"].values()) == 40
+
+
+async def test_waiting_for_replicas_puts_every_write_on_a_replica(
+    make_settings, redis, unique, stack, caplog
+) -> None:  # type: ignore[no-untyped-def]
+    """With ``redis_wait_replicas`` a batch returns only once each node's replicas have it, so
+    a master killed right after the reply loses nothing (on a single server without replicas
+    it proceeds and says so)."""
+    import redis as sync_redis
+
+    settings = make_settings()
+    writer = BatchWriter(redis=redis, wait_replicas=1, wait_timeout_ms=5000)
+    now = int(time.time() * 1000)
+    events = [ClickEvent(f"{unique}-{n}", f"w{n % 20}-{unique}", f"i{n}", now, None) for n in range(200)]  # fmt: skip
+    assert await writer.apply(batch_for(settings, events, now, slot_grouping(redis))) == 200
+    if not stack.redis_cluster:
+        assert "fewer than STREAMRANK_REDIS_WAIT_REPLICAS=1" in caplog.text
+        return
+    for n in range(20):  # every user's sequence is on its master's replica already
+        key = keys.sequence(f"w{n}-{unique}")
+        replica = redis.get_node_from_key(key, replica=True)
+        direct = sync_redis.Redis(host=replica.host, port=replica.port)
+        try:
+            direct.execute_command("READONLY")
+            assert direct.zcard(key) == 10
+        finally:
+            direct.close()
+
+
+@pytest.mark.cluster_only("checks how the session's Redis Cluster spreads one batch")
+async def test_one_batch_spreads_over_every_master_in_one_round_trip(
+    make_settings, redis, unique
+) -> None:  # type: ignore[no-untyped-def]
+    settings = make_settings()
+    now = int(time.time() * 1000)
+    events = [ClickEvent(f"{unique}-{n}", f"s{n % 60}-{unique}", f"i{n}", now, None) for n in range(600)]  # fmt: skip
+    batch = batch_for(settings, events, now, slot_grouping(redis))
+    await redis.initialize()  # the slot map
+    assert len(batch.calls) > 60  # 60 users' slots and up to 16 item shards
+    masters = {redis.get_node_from_key(call.target).name for call in batch.calls}
+    assert masters == {n.name for n in redis.get_primaries()} and len(masters) == 3
+    before = await commandstats(redis)
+    trips = RoundTrips.count
+    assert await BatchWriter(redis=redis).apply(batch) == 600
+    assert RoundTrips.count - trips == 1  # one pipeline: every master written concurrently
+    assert (await commandstats(redis))["evalsha"] - before["evalsha"] == len(batch.calls)

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import orjson
 import pytest
-import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer
 
 from streamrank.devstack.processes import start_worker
 from streamrank.devstack.stack import free_port
+from streamrank.redis_client import redis_client
 from streamrank.settings import Settings
 from streams.reader import FeatureReader
 from tests.integration.support.features import (
@@ -148,14 +148,14 @@ async def test_worker_applies_forwards_and_dead_letters(
         await produce(settings, keyed + unkeyed + bad + redelivered)
 
         async def all_applied() -> bool:
-            members = await sequence_members(settings.redis_dsn, users)
+            members = await sequence_members(settings, users)
             return sum(len(m) for m in members.values()) == 320
 
         await poll(all_applied, timeout_s=30, what="all 320 clicks in the sequences")
-        members = await sequence_members(settings.redis_dsn, users)
+        members = await sequence_members(settings, users)
         flat = [e for m in members.values() for e in m]
         assert len(flat) == len(set(flat)) == 320  # redeliveries not inserted twice
-        client = aioredis.from_url(settings.redis_dsn)
+        client = redis_client(settings)
         counters = await FeatureReader(redis=client, settings=settings).get_counters(user_ids=users)
         await client.aclose()
         assert sum(c["clicks_1h"] for c in counters["users"].values()) == 320  # none counted twice

@@ -10,12 +10,13 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import orjson
-import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas import DeadLetter, decode_dead_letter
 from streamrank import keys
+from streamrank.redis_client import redis_client
+from streamrank.redis_pipeline import NodePipeline
 from streamrank.settings import Settings
 
 
@@ -53,13 +54,15 @@ async def poll(
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last: {last!r}")
 
 
-async def sequence_members(redis_url: str, users: Iterable[str]) -> dict[str, list[str]]:
-    client = aioredis.from_url(redis_url)
+async def sequence_members(settings: Settings, users: Iterable[str]) -> dict[str, list[str]]:
+    """Per user, the event ids in its sequence (oldest first)."""
+    client = redis_client(settings)
     try:
-        pipe = client.pipeline(transaction=False)
+        pipe = NodePipeline(client)
         users = list(users)
         for user in users:
-            pipe.zrange(keys.sequence(user), 0, -1)
+            key = keys.sequence(user)
+            pipe.add(key, "ZRANGE", key, 0, -1)
         replies = await pipe.execute()
     finally:
         await client.aclose()

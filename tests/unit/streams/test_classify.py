@@ -5,11 +5,8 @@ from schemas import ClickEvent, Limits, decode_dead_letter
 from streamrank.kafka_guard import UndecodableBatch
 from streams import classify as classify_module
 from streams.classify import Record, classify
-from streams.windows import Window
-from streams.writer import assemble
 
 NOW = 1_800_000_000_000
-WINDOWS = (Window("1h", 3600, 300), Window("24h", 86400, 3600))
 
 
 def rec(value: bytes | None, key: bytes | None = b"u1", offset: int = 0) -> Record:
@@ -97,63 +94,3 @@ def test_an_undecodable_batch_marker_becomes_one_dead_letter() -> None:
     [(reason, letter)] = out.dead
     assert reason == "undecodable_batch" and out.skipped == 5
     assert "clicks[2] offsets 10-14 skipped" in letter.error and "BadGzipFile" in letter.error
-
-
-def test_assemble_indexes_users_and_buckets_once() -> None:
-    events = [
-        ClickEvent("e1", "u1", "i1", NOW, "drama"),
-        ClickEvent("e2", "u1", "i2", NOW + 1, None),
-        ClickEvent("e3", "u2", "i1", NOW + 2, "comedy"),
-    ]
-    call = assemble(
-        events,
-        now_ms=NOW,
-        windows=WINDOWS,
-        lateness_s=600,
-        sequence_length=50,
-        sequence_ttl_s=100,
-        dedupe_ttl_s=10,
-    )
-    payload = orjson.loads(call.payload)
-    n_users, n_buckets = 2, 6  # u1 fine+coarse, u2 fine+coarse, items fine+coarse
-    assert payload["n"] == [3, n_users, n_buckets]
-    assert payload["h"] == [50, "100000", "10000"]
-    assert call.keys[:3] == ["sr:seen:e1", "sr:seen:e2", "sr:seen:e3"]
-    assert call.keys[3:5] == ["sr:seq:u1", "sr:seq:u2"]
-    assert len(call.keys) == 3 + n_users + n_buckets
-    first, second, third = payload["e"]
-    assert first[:3] == [1, str(NOW), "e1\x1fi1\x1fdrama"]
-    assert first[7:] == ["i1", "c:drama"]
-    ufine, ucoarse, ifine, icoarse = first[3:7]
-    fine_start = NOW // 1000 // 300 * 300
-    coarse_start = NOW // 1000 // 3600 * 3600
-    assert call.keys[5 + ufine - 1] == f"sr:cnt:u:u1:300:{fine_start}"
-    assert call.keys[5 + ucoarse - 1] == f"sr:cnt:u:u1:3600:{coarse_start}"
-    assert call.keys[5 + ifine - 1] == f"sr:cnt:i:300:{fine_start}"
-    assert call.keys[5 + icoarse - 1] == f"sr:cnt:i:3600:{coarse_start}"
-    assert payload["x"][ufine - 1] == str((fine_start + 300 + 3600 + 600) * 1000)
-    assert payload["x"][ucoarse - 1] == str((coarse_start + 3600 + 86400 + 600) * 1000)
-    assert second[0] == 1 and second[8] == ""  # same user, no category
-    assert third[0] == 2 and third[6] == icoarse  # same item bucket shared across users
-    assert call.too_old_for_counters == 0
-
-
-def test_assemble_skips_counters_of_buckets_that_already_expired() -> None:
-    old = NOW - 2 * 86400 * 1000
-    hour_old = NOW - 2 * 3600 * 1000
-    call = assemble(
-        [ClickEvent("e1", "u1", "i1", old, None), ClickEvent("e2", "u1", "i1", hour_old, None)],
-        now_ms=NOW,
-        windows=WINDOWS,
-        lateness_s=600,
-        sequence_length=50,
-        sequence_ttl_s=100,
-        dedupe_ttl_s=10,
-    )
-    payload = orjson.loads(call.payload)
-    first, second = payload["e"]
-    assert first[3:7] == [0, 0, 0, 0]  # two days old: no window reaches it
-    assert second[3] == 0 and second[5] == 0  # too old for 1 h
-    assert second[4] > 0 and second[6] > 0  # still inside 24 h
-    assert call.too_old_for_counters == 1
-    assert payload["n"] == [2, 1, 2]
