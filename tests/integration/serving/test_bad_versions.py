@@ -22,7 +22,12 @@ from streamrank.settings import Settings
 from streamrank.topics import create_topics
 from tests.integration.support.scoring import item_ids, publish, running_worker, wait_for
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [
+    pytest.mark.timeout(180),
+    pytest.mark.standalone_only(
+        "starts its own standalone redis-server (the cluster pass would repeat it)"
+    ),
+]
 
 
 async def plant(

@@ -26,7 +26,12 @@ from streams.reader import FeatureReader
 from tests.integration.support.faults import ReplyDroppingProxy, wait_replicated
 from tests.integration.support.features import click, poll, produce, sequence_members
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [
+    pytest.mark.timeout(240),
+    pytest.mark.standalone_only(
+        "starts its own standalone redis-server (the cluster pass would repeat it)"
+    ),
+]
 
 
 def clicks(unique: str, users: list[str], start: int, n: int) -> list[tuple[bytes | None, bytes]]:
