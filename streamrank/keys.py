@@ -48,6 +48,45 @@ key                             type    contents
                                         one its item table was published in); written LAST, so
                                         its presence means the version is fully published.
 ==============================  ======  ==========================================================
+
+Online outcomes and rollouts (issue 14; a separate section so that a re-tagging for Redis Cluster
+changes these functions in one place: every per-user key takes the user id, every per-request
+key takes the user id too, so all of one user's keys can share the user's hash tag):
+
+====================================  ======  ====================================================
+key                                   type    contents
+====================================  ======  ====================================================
+``sr:out:open:{user_id}``             hash    the user's served records whose attribution window
+                                              is open: field = request_id, value = the pending
+                                              record (JSON: version, served_at, items, scores,
+                                              ranks, clicks so far, its stats key). TTL: window +
+                                              close delay + margin, renewed on every write.
+``sr:out:items:{user_id}``            hash    last-touch index: field = item id, value = the
+                                              ``\x1f``-joined request ids of the user's open
+                                              records that ranked the item (newest last).
+``sr:out:clicks:{user_id}``           zset    the user's clicks no open record claimed yet
+                                              (score = click ts, member = ``event_id \x1f
+                                              item_id``): a served record processed after its
+                                              click still gets it. Same TTL.
+``sr:out:seen:{user_id}:{request_id}``
+                                      string  "1" once a served record is joined (dedupe under
+                                              redelivery); TTL ``dedupe_ttl_s``.
+``sr:out:due``                        zset    open records by close time (member = ``user_id
+                                              \x1f request_id``, score = epoch ms); a closer
+                                              claims entries by moving them forward.
+``sr:out:stats:{bucket_s}:{version}:{start}``
+                                      hash    one version's online statistics of the requests
+                                              served in one time bucket (``start`` = bucket
+                                              start, epoch s): counters, sums and score/latency
+                                              histograms (scoring.rollout.stats). TTL
+                                              ``outcome_retention_s``.
+``sr:out:versions``                   zset    versions that have statistics (score = the latest
+                                              served_at, epoch ms).
+``sr:rollout:state``                  hash    the staged rollout (new, old, steps, step, since,
+                                              status, guard ...; ``rev`` counts transitions).
+``sr:rollout:history``                list    the rollout's decisions, JSON, oldest first.
+``sr:rollout:lease``                  string  the driver holding the lease (owner id); PX TTL.
+====================================  ======  ====================================================
 """
 
 from __future__ import annotations
@@ -140,3 +179,63 @@ def model_dense(version: str) -> str:
 def model_config(version: str) -> str:
     """The config.json of one published model version (written last by publish)."""
     return f"{PREFIX}:model:{version}:config"
+
+
+# --- online outcomes and rollouts (issue 14) ----------------------------------------------------
+# Built by these functions only; per-user and per-request keys take the user id first, so one
+# hash tag per user can be added here without touching their callers.
+
+
+def outcome_open(user_id: str) -> str:
+    """The user's pending served records (hash: request_id -> JSON)."""
+    return f"{PREFIX}:out:open:{user_id}"
+
+
+def outcome_items(user_id: str) -> str:
+    """The user's last-touch index (hash: item id -> request ids of open records ranking it)."""
+    return f"{PREFIX}:out:items:{user_id}"
+
+
+def outcome_clicks(user_id: str) -> str:
+    """The user's clicks not attributed to any open record yet (zset by click ts)."""
+    return f"{PREFIX}:out:clicks:{user_id}"
+
+
+def outcome_seen(user_id: str, request_id: str) -> str:
+    """The marker of a joined served record."""
+    return f"{PREFIX}:out:seen:{user_id}:{request_id}"
+
+
+def outcome_due() -> str:
+    """Open records by close time (member = ``user_id \\x1f request_id``)."""
+    return f"{PREFIX}:out:due"
+
+
+def outcome_due_member(user_id: str, request_id: str) -> str:
+    """The member of one open record in :func:`outcome_due`."""
+    return f"{user_id}{FIELD_SEP}{request_id}"
+
+
+def outcome_stats(bucket_s: int, version: str, bucket_start_s: int) -> str:
+    """One version's online statistics for the requests served in one time bucket."""
+    return f"{PREFIX}:out:stats:{bucket_s}:{version}:{bucket_start_s}"
+
+
+def outcome_versions() -> str:
+    """Versions with online statistics (zset: version -> latest served_at)."""
+    return f"{PREFIX}:out:versions"
+
+
+def rollout_state() -> str:
+    """The staged rollout's state (hash)."""
+    return f"{PREFIX}:rollout:state"
+
+
+def rollout_history() -> str:
+    """The staged rollout's decisions (list of JSON, oldest first)."""
+    return f"{PREFIX}:rollout:history"
+
+
+def rollout_lease() -> str:
+    """The lease of the one rollout driver allowed to act (string: owner id)."""
+    return f"{PREFIX}:rollout:lease"

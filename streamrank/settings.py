@@ -247,6 +247,45 @@ class Settings(BaseSettings):
         1.0, gt=0, description="How often the scoring worker polls the model version pointers."
     )
 
+    # --- online outcomes and rollouts --------------------------------------------------------
+    outcomes_group_id: str = Field(
+        "streamrank-outcomes",
+        description="Consumer group of outcomes workers (they read the served log and the clicks).",
+    )
+    outcome_window_s: int = Field(
+        1800,
+        ge=1,
+        description="Attribution window: a click on a ranked item at most this long after the "
+        "request was served counts for that request (the latest such request: last touch).",
+    )
+    outcome_close_delay_s: int = Field(
+        60,
+        ge=0,
+        description="How long after its window ends a served record stays open for clicks that "
+        "are processed late (consumer lag); then its outcome is final.",
+    )
+    outcome_bucket_s: int = Field(
+        60,
+        ge=1,
+        description="Time bucket of the per-version online statistics in Redis: the resolution of "
+        "rolling windows and rollout steps.",
+    )
+    outcome_retention_s: int = Field(
+        24 * 3600, ge=60, description="How long per-version online statistics are kept in Redis."
+    )
+    outcome_actions: Annotated[tuple[str, ...], NoDecode] = Field(
+        ("click",),
+        description="ClickEvent actions that count as a click on a served item (comma-separated).",
+    )
+    outcomes_topic: str | None = Field(
+        None,
+        description="Topic the outcomes worker writes each final outcome to (key = request_id: "
+        "which ranked items were clicked, at which rank); unset: none written.",
+    )
+    outcomes_batch_max: int = Field(
+        500, ge=1, description="Most records (served log and clicks) per outcomes-worker batch."
+    )
+
     # --- observability -----------------------------------------------------------------------
     metrics_port: int | None = Field(
         None, ge=0, le=65535, description="/metrics port; 0 disables; unset = per-worker default."
@@ -264,7 +303,7 @@ class Settings(BaseSettings):
                 data["redis_url"] = f"redis://127.0.0.1:{data.get('stack_redis_port', 6379)}/0"
         return data
 
-    @field_validator("reply_topics_allowed", mode="before")
+    @field_validator("reply_topics_allowed", "outcome_actions", mode="before")
     @classmethod
     def _split_csv(cls, value: Any) -> Any:
         if isinstance(value, str):

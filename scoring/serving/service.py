@@ -23,7 +23,7 @@ from scoring.serving.assemble import assemble, gather, split_scores
 from scoring.serving.breaker import CircuitBreaker
 from scoring.serving.metrics import ScoringMetrics
 from scoring.serving.protocols import EmbeddingSource, FeatureSource, Scorer
-from scoring.serving.served_log import served_record
+from scoring.serving.served_log import degraded_record, served_record
 from scoring.serving.watcher import RecentIds, Serving
 from streamrank import clock, keys, redis_errors
 from streamrank.errors import DependencyUnavailable, StreamrankError
@@ -124,11 +124,19 @@ class RankService:
         arrival = self._clock_ms()
         out: list[Ranked | None] = [None] * len(batch)
         live: list[int] = []
+        expired: list[int] = []
         for i, incoming in enumerate(batch):
             if deadlines[i] <= arrival:
+                expired.append(i)
                 out[i] = Ranked(self._result(incoming, (), "", True, replies.EXPIRED, {}))
             else:
                 live.append(i)
+        if expired and self._log_served:
+            routed = self._routed([batch[i] for i in expired])
+            for i, version in zip(expired, routed or (), strict=True):
+                ranked = out[i]
+                assert ranked is not None
+                ranked.served = self._degraded_served(batch[i], version, ranked.result)
         if live:
             for i, ranked in zip(
                 live, await self._rank_live([batch[i] for i in live], start), strict=True
@@ -141,18 +149,21 @@ class RankService:
         serving = self._serving()
         if serving is None:
             return await self._fallback(batch, replies.NO_MODEL, start)
-        if not self._breaker.allow():
-            return await self._fallback(batch, replies.BREAKER_OPEN, start, try_redis=False)
         users = [b.request.user_id for b in batch]
+        routed = serving.assign(users)
+        if not self._breaker.allow():
+            return await self._fallback(
+                batch, replies.BREAKER_OPEN, start, try_redis=False, routed=routed
+            )
         t0 = time.perf_counter()
         try:
             sequences = await self._features.get_sequences(users)
         except REDIS_FAILURES as exc:
-            return await self._redis_failed(batch, exc, start)
+            return await self._redis_failed(batch, exc, start, routed)
         t_seq = time.perf_counter() - t0
         events = [list(sequences.get(u, ()))[-self._sequence_length :] for u in users]
         groups: dict[str, _Group] = {}
-        for i, version in enumerate(serving.assign(users)):
+        for i, version in enumerate(routed):
             groups.setdefault(version, _Group(version)).members.append(i)
         scores: list[list[float] | None] = [None] * len(batch)
         versions: list[str] = [""] * len(batch)
@@ -183,17 +194,17 @@ class RankService:
                 if self._recent is not None:
                     self._recent.add(assembled.unique_ids)
         except REDIS_FAILURES as exc:
-            return await self._redis_failed(batch, exc, start)
+            return await self._redis_failed(batch, exc, start, routed)
         except StreamrankError as exc:
             self._breaker.record_success()  # Redis answered: ends a half-open probe
             logger.error("model version unusable (%s); serving popularity fallback", exc)
-            return await self._fallback(batch, replies.MODEL_UNAVAILABLE, start)
+            return await self._fallback(batch, replies.MODEL_UNAVAILABLE, start, routed=routed)
         except Exception:
             self._breaker.record_success()  # Redis answered: ends a half-open probe
             logger.exception(
                 "scoring a batch of %d failed; serving popularity fallback", len(batch)
             )
-            return await self._fallback(batch, replies.INTERNAL_ERROR, start)
+            return await self._fallback(batch, replies.INTERNAL_ERROR, start, routed=routed)
         self._breaker.record_success()
         stages = {
             "sequence_fetch": t_seq * 1000,
@@ -204,18 +215,36 @@ class RankService:
         for i, incoming in enumerate(batch):
             score_row = scores[i] or []
             result = self._result(incoming, score_row, versions[i], False, None, stages, start)
-            served = (
-                served_record(incoming.request, versions[i], events[i], score_row, result.served_at)
-                if self._log_served
-                else None
-            )
+            served = None
+            if self._log_served:
+                served = served_record(
+                    incoming.request, versions[i], events[i], score_row, result.served_at,
+                    latency_ms=_latency_ms(result),
+                )  # fmt: skip
             out.append(Ranked(result, served))
         return out
 
     # --- degradation ------------------------------------------------------------------------
 
+    def _routed(self, batch: Sequence[Incoming]) -> list[str] | None:
+        """The version each request is routed to by the current split (None: no model)."""
+        serving = self._serving()
+        return None if serving is None else serving.assign([b.request.user_id for b in batch])
+
+    def _degraded_served(
+        self, incoming: Incoming, version: str, result: RankResult
+    ) -> dict[str, Any]:
+        return degraded_record(
+            incoming.request, version, result.scores, result.served_at,
+            reason=result.reason, latency_ms=_latency_ms(result),
+        )  # fmt: skip
+
     async def _redis_failed(
-        self, batch: Sequence[Incoming], exc: BaseException, start: float
+        self,
+        batch: Sequence[Incoming],
+        exc: BaseException,
+        start: float,
+        routed: Sequence[str] | None = None,
     ) -> list[Ranked]:
         self._metrics.redis_errors.inc()
         self._breaker.record_failure()
@@ -225,12 +254,19 @@ class RankService:
             type(exc).__name__,
             exc,
         )
-        return await self._fallback(batch, replies.REDIS_UNAVAILABLE, start)
+        return await self._fallback(batch, replies.REDIS_UNAVAILABLE, start, routed=routed)
 
     async def _fallback(
-        self, batch: Sequence[Incoming], reason: str, start: float, *, try_redis: bool = True
+        self,
+        batch: Sequence[Incoming],
+        reason: str,
+        start: float,
+        *,
+        try_redis: bool = True,
+        routed: Sequence[str] | None = None,
     ) -> list[Ranked]:
-        """Item popularity from the counters when Redis answers, else a neutral ranking."""
+        """Item popularity from the counters when Redis answers, else a neutral ranking.
+        ``routed``: the version each request was routed to (logged as degraded for it)."""
         popularity: Mapping[str, float] | None = None
         if try_redis and self._breaker.allow():
             ids = sorted({i for b in batch for i in b.request.items})
@@ -245,13 +281,19 @@ class RankService:
                 self._breaker.record_failure()
                 logger.warning("popularity fallback failed too (%s); neutral ranking", exc)
         out = []
-        for incoming in batch:
+        for n, incoming in enumerate(batch):
             items = incoming.request.items
             if popularity is None:
                 row = replies.neutral_scores(len(items))
             else:
                 row = replies.popularity_scores(np.array([popularity[i] for i in items]))
-            out.append(Ranked(self._result(incoming, row.tolist(), "", True, reason, {}, start)))
+            result = self._result(incoming, row.tolist(), "", True, reason, {}, start)
+            served = (
+                self._degraded_served(incoming, routed[n], result)
+                if self._log_served and routed is not None
+                else None
+            )
+            out.append(Ranked(result, served))
         return out
 
     def _result(
@@ -285,3 +327,10 @@ class RankService:
             timings_ms=timings,
             served_at=served_at,
         )
+
+
+def _latency_ms(result: RankResult) -> float | None:
+    """Request produced -> reply built, as the reply's timings say."""
+    timings = result.timings_ms
+    value = timings.get("total", timings.get("queue_wait"))
+    return None if value is None else float(value)
