@@ -361,9 +361,7 @@ def assemble(
                 keys.outcome_due_member(rec.user_id, rec.request_id),
             ]
         )
-    c_rows = [
-        [user(c.user_id), c.event_id, c.item_id, c.ts] for c in clicks if c.ts >= horizon
-    ]
+    c_rows = [[user(c.user_id), c.event_id, c.item_id, c.ts] for c in clicks if c.ts >= horizon]
     if not s_rows and not c_rows:
         return JoinCall([], b"")
     user_keys = [
@@ -386,9 +384,7 @@ def assemble(
             "c": c_rows,
         }
     )
-    return JoinCall(
-        user_keys + seen_keys + [keys.outcome_due(), keys.outcome_versions()], payload
-    )
+    return JoinCall(user_keys + seen_keys + [keys.outcome_due(), keys.outcome_versions()], payload)
 
 
 class OutcomeStore:
@@ -405,9 +401,7 @@ class OutcomeStore:
         every effect is guarded by a marker or is set-like)."""
         if call.empty:
             return JoinCounts()
-        with redis_call(
-            "the outcome join", "the batch will be retried; check that Redis is up"
-        ):
+        with redis_call("the outcome join", "the batch will be retried; check that Redis is up"):
             out = await self._join(keys=call.keys, args=[call.payload])
         return JoinCounts(*(int(x) for x in out))
 

@@ -4,6 +4,7 @@ with ``bound`` = ``value``, ``lo`` or ``hi`` (the 95 % interval)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -157,10 +158,8 @@ def _set(gauge: Gauge, est: Estimate, *labels: str, scale: float = 1.0) -> None:
 
 
 def _quietly_remove(gauge: Gauge, *labels: str) -> None:
-    try:
+    with contextlib.suppress(KeyError):  # never set: nothing to remove
         gauge.remove(*labels)
-    except KeyError:
-        pass  # never set: nothing to remove
 
 
 class RolloutMetrics:

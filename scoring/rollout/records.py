@@ -117,7 +117,9 @@ def decode_served(raw: bytes | str | None) -> Served:
     )
 
 
-def outcome_record(user_id: str, request_id: str, pending: Mapping[str, Any], *, closed_at: int) -> dict[str, Any]:
+def outcome_record(
+    user_id: str, request_id: str, pending: Mapping[str, Any], *, closed_at: int
+) -> dict[str, Any]:
     """The final outcome of one request (outcomes topic, key = request_id), from its pending
     record as the join script keeps it: which ranked items were clicked, at which rank."""
     items: Sequence[str] = pending["i"]

@@ -106,7 +106,9 @@ class OutcomesWorker:
             max_poll_records=s.outcomes_batch_max,
         )
         try:
-            wanted = (*topics, s.topic_dead_letters) + ((s.outcomes_topic,) if s.outcomes_topic else ())
+            wanted = (*topics, s.topic_dead_letters) + (
+                (s.outcomes_topic,) if s.outcomes_topic else ()
+            )
             await create_topics(s, topics=wanted)
             await self._producer.start()
             await self._consumer.start()

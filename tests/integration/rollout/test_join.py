@@ -52,19 +52,32 @@ async def test_join_equals_the_one_go_statistics_in_any_order_and_under_redelive
     store = OutcomeStore(redis=redis)
     version = f"v-{unique}"
     users = [f"u{n}-{unique}" for n in range(4)]
-    scores = [[0.9, 0.1, 0.5, 0.3], [0.2, 0.8, 0.4, 0.6], [0.5, 0.5, 0.1, 0.7], [0.3, 0.2, 0.1, 0.05]]
+    scores = [
+        [0.9, 0.1, 0.5, 0.3],
+        [0.2, 0.8, 0.4, 0.6],
+        [0.5, 0.5, 0.1, 0.7],
+        [0.3, 0.2, 0.1, 0.05],
+    ]
     recs = [served(f"r{n}-{unique}", users[n], version, scores[n], T0 + 1000 * n) for n in range(4)]
     # u0 clicks its top item; u1 two items (the second click is the better-ranked one); u2 a
     # tie; u3 nothing. u1's first click and u2's click arrive *before* their served records.
-    early = [click(f"e1a-{unique}", users[1], "i3", T0 + 1500), click(f"e2-{unique}", users[2], "i0", T0 + 2500)]
-    late = [click(f"e0-{unique}", users[0], "i0", T0 + 400), click(f"e1b-{unique}", users[1], "i1", T0 + 1600)]
+    early = [
+        click(f"e1a-{unique}", users[1], "i3", T0 + 1500),
+        click(f"e2-{unique}", users[2], "i0", T0 + 2500),
+    ]
+    late = [
+        click(f"e0-{unique}", users[0], "i0", T0 + 400),
+        click(f"e1b-{unique}", users[1], "i1", T0 + 1600),
+    ]
     first = assemble([], early, config=CONFIG, now_ms=T0 + 3000)
     counts = await store.apply(first)
     assert counts.buffered_clicks == 2 and counts.clicks == 0
     second = assemble(recs, late, config=CONFIG, now_ms=T0 + 3000)
     counts = await store.apply(second)
     assert counts.joined == 4 and counts.clicks == 4  # two from the buffer, two direct
-    want = stats_of_requests([(scores[0], [0]), (scores[1], [3, 1]), (scores[2], [0]), (scores[3], [])])
+    want = stats_of_requests(
+        [(scores[0], [0]), (scores[1], [3, 1]), (scores[2], [0]), (scores[3], [])]
+    )
     got = await window_stats(redis, version)
     assert_same(got, want)
     assert got.h1 == 2 and got.creq == 3  # u0 at rank 1, u1's better click at rank 1

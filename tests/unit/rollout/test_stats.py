@@ -71,7 +71,9 @@ def test_delong_from_histograms_equals_the_placement_formula_with_ties() -> None
     got = auc_delong(hist_p, hist_n)
     assert got is not None
     want = _delong_brute_force([float(x) for x in pos], [float(x) for x in neg])
-    assert got[0] == pytest.approx(want[0], abs=1e-12) and got[1] == pytest.approx(want[1], rel=1e-9)
+    assert got[0] == pytest.approx(want[0], abs=1e-12) and got[1] == pytest.approx(
+        want[1], rel=1e-9
+    )
     labels = [1] * len(pos) + [0] * len(neg)
     assert got[0] == pytest.approx(offline_auc(labels, pos + neg), abs=1e-12)
     assert auc_delong({1: 3}, {}) is None
@@ -129,7 +131,9 @@ def test_mean_and_weighted_mean_intervals_match_numpy() -> None:
     mean = (w * a).sum() / w.sum()
     var = 200 / 199 * ((w * (a - mean)) ** 2).sum() / w.sum() ** 2
     assert wm.value == pytest.approx(mean)
-    assert wm.hi is not None and (wm.hi - mean) == pytest.approx(1.959964 * math.sqrt(var), rel=1e-5)
+    assert wm.hi is not None and (wm.hi - mean) == pytest.approx(
+        1.959964 * math.sqrt(var), rel=1e-5
+    )
     assert mean_estimate(0.0, 0.0, 0).value is None and mean_estimate(1.0, 1.0, 1).lo is None
 
 
@@ -138,7 +142,9 @@ def test_summary_of_a_good_and_a_random_ranker() -> None:
     good, bad = [], []
     for _ in range(400):
         target = rng.randrange(20)
-        good.append(([rng.random() * 0.5 + (0.5 if i == target else 0) for i in range(20)], {target}))
+        good.append(
+            ([rng.random() * 0.5 + (0.5 if i == target else 0) for i in range(20)], {target})
+        )
         bad.append(([rng.random() for _ in range(20)], {target}))
     g, b = summarize(stats_of_requests(good)), summarize(stats_of_requests(bad))
     assert g.requests == 400 and g.clicks == 400 and g.impressions == 8000
