@@ -44,7 +44,7 @@ from streamrank.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-READY = "outcomes worker consuming"
+READY = "outcomes worker consuming"  # streamrank.devstack.processes waits for it
 CLAIM_VISIBILITY_MS = 30_000  # a claimed record comes back to any closer after this long
 CLOSE_BATCH = 500
 

@@ -44,12 +44,22 @@ def _codecs() -> ModuleType:
     return codecs
 
 
+def _rollout() -> ModuleType:
+    from streamrank.bench import rollout
+
+    return rollout
+
+
 BENCHMARKS: dict[str, tuple[Callable[[], ModuleType], str]] = {
     "streams": (_streams, "feature worker throughput and click-to-visible latency"),
     "embeddings": (_embeddings, "embedding store memory, cache hit rates, lookup latency"),
     "scoring": (_scoring, "end-to-end ranking throughput and latency"),
     "model": (_model, "DIN forward throughput: straightforward vs serving split"),
     "codecs": (_codecs, "bytes and CPU of each producer compression codec"),
+    "rollout": (
+        _rollout,
+        "staged rollouts on ml-100k decided by online metrics (good, bad, equal)",
+    ),
 }
 
 

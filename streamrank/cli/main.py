@@ -23,6 +23,7 @@ from streamrank.cli import (
     lag,
     model,
     replay,
+    rollout,
     scoring,
     settings,
     stack,
@@ -33,7 +34,9 @@ from streamrank.redis_errors import TRANSIENT as REDIS_TRANSIENT
 
 logger = logging.getLogger("streamrank")
 
-COMMANDS = (stack, demo, bench, settings, lag, embeddings, features, model, scoring, replay)
+COMMANDS = (
+    stack, demo, bench, settings, lag, embeddings, features, model, scoring, rollout, replay,
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
