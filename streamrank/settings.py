@@ -282,6 +282,13 @@ class Settings(BaseSettings):
         description="Topic the outcomes worker writes each final outcome to (key = request_id: "
         "which ranked items were clicked, at which rank); unset: none written.",
     )
+    outcomes_redis_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="Socket timeout of the outcomes worker's Redis calls (a join script over a "
+        "batch of served records can outlast redis_timeout_s on a loaded host; a timed-out batch "
+        "is retried, which the join makes harmless).",
+    )
     outcomes_batch_max: int = Field(
         500, ge=1, description="Most records (served log and clicks) per outcomes-worker batch."
     )

@@ -86,16 +86,16 @@ async def start_rollout(
         )
     if old == new:
         raise ConfigError(f"{new} is already the active version")
-    if split is not None:
-        raise ConfigError(
-            f"a canary split is set ({_text(split)}); clear it (`streamrank canary clear`) "
-            "before starting a rollout, which moves the split itself"
-        )
     current = await store.read()
     if current is not None and current.active:
         raise ConfigError(
             f"a rollout of {current.new} is {current.status} at {current.steps[current.step]}%; "
             "abort it first (`streamrank rollout abort`)"
+        )
+    if split is not None:
+        raise ConfigError(
+            f"a canary split is set ({_text(split)}); clear it (`streamrank canary clear`) "
+            "before starting a rollout, which moves the split itself"
         )
     now = clock.now_ms() if now_ms is None else now_ms
     state = RolloutState(

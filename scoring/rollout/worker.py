@@ -92,7 +92,7 @@ class OutcomesWorker:
         assert s.served_log_topic is not None
         from streamrank.topics import create_topics
 
-        self._redis = redis_client(s)
+        self._redis = redis_client(s, timeout_s=s.outcomes_redis_timeout_s)
         self._store = OutcomeStore(redis=self._redis)
         topics = [s.served_log_topic, s.topic_clicks]
         self._producer = kafka.producer(s, acks="all", linger_ms=5)
@@ -140,9 +140,13 @@ class OutcomesWorker:
         self._stopping.set()
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if self._tasks:
+            # A cancellation that lands inside a Redis read can come out as redis-py's
+            # TimeoutError, which the loop survives: it also stops on _stopping, and is not
+            # waited for forever.
+            _done, pending = await asyncio.wait(self._tasks, timeout=5)
+            for task in pending:
+                logger.warning("outcomes worker task %s did not stop in 5 s", task.get_name())
         self._tasks = []
         for client in (self._consumer, self._producer):
             if client is not None:
@@ -289,7 +293,7 @@ class OutcomesWorker:
     # --- background tasks -------------------------------------------------------------------
 
     async def _every(self, seconds: float, job: Callable[[], Any]) -> None:
-        while True:
+        while not self._stopping.is_set():
             await asyncio.sleep(seconds)
             try:
                 await job()

@@ -233,6 +233,16 @@ async def _set_serving(redis: Any, active: str) -> None:
     await activate_version(redis, active)
 
 
+async def _restore_pointers(redis: Any, saved: Sequence[Any]) -> None:
+    from streamrank import keys
+
+    for key, value in zip((keys.active_model(), keys.model_split()), saved, strict=True):
+        if value is None:
+            await redis.delete(key)
+        else:
+            await redis.set(key, value)
+
+
 async def run_rollout(
     *, redis: Any, traffic: Traffic, old: str, new: str, args: argparse.Namespace, prefix: str,
     bucket_s: int,
@@ -302,7 +312,7 @@ def _auc_entry(summary: Any, offline: float) -> dict[str, Any]:
 async def _bench(settings: Settings, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from scoring.model.artifact import CANDIDATES_FILE, load_artifact
     from scoring.rollout.online import Window, read_summaries
-    from streamrank import clock
+    from streamrank import clock, keys
     from streamrank.devstack.cases import load_cases, newest_artifact, offline_scores, quality
     from streamrank.devstack.pipeline import ensure_published
     from streamrank.devstack.processes import start_worker
@@ -334,6 +344,7 @@ async def _bench(settings: Settings, args: argparse.Namespace, work: Path) -> di
     say(f"{len(cases)} test users per round; offline AUC {offline}")
     redis = redis_client(rs, timeout_s=10.0)
     workers = []
+    before = await redis.mget([keys.active_model(), keys.model_split()])
     try:
         for artifact in (good, bad, equal):
             await ensure_published(redis, artifact, encoding="int8", progress=False)
@@ -415,7 +426,7 @@ async def _bench(settings: Settings, args: argparse.Namespace, work: Path) -> di
         codes = await asyncio.gather(*(asyncio.to_thread(w.stop) for w in workers))
         if any(codes):
             say(f"worker exit codes {codes}; logs in {work / 'logs'}")
-        await _set_serving(redis, good.version)
+        await _restore_pointers(redis, before)  # a configured stack serves as it did
         await redis.aclose()
     report["config"] = {
         "users_per_round": len(cases),
