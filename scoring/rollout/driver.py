@@ -30,9 +30,9 @@ from scoring.rollout.guard import (
     parse_steps,
 )
 from scoring.rollout.metrics import RolloutMetrics
-from scoring.rollout.online import Window, read_summaries
+from scoring.rollout.online import Window, read_stats
 from scoring.rollout.state import Applied, RolloutState, RolloutStore, describe_steps, history_entry
-from scoring.rollout.stats import Summary
+from scoring.rollout.stats import Summary, summarize
 from streamrank import clock, keys
 from streamrank.errors import ConfigError, RedisUnavailable, StreamrankError, UnknownVersion
 from streamrank.redis_errors import redis_call
@@ -240,11 +240,12 @@ class RolloutDriver:
             applied = await self._apply(state, paused, "pause", reason, ("none", ""), now)
             return Tick(paused if applied.ok else await self._store.read(), acted=applied.ok)
         window = Window(state.since_ms, now, self._bucket_s)
-        summaries = await read_summaries(self._redis, [state.new, state.old], window)
+        stats = await read_stats(self._redis, [state.new, state.old], window)
+        summaries = {v: summarize(s) for v, s in stats.items()}
         results = evaluate(
             parse_guard(state.guard),
-            summaries[state.new],
-            summaries[state.old],
+            stats[state.new],
+            stats[state.old],
             min_outcomes=state.min_outcomes,
         )
         for r in results:

@@ -14,6 +14,12 @@ A check is **pending** until both versions have ``min_outcomes`` requests in the
 degraded check counts every reply routed to the new version), or while its metric has no
 value yet (no click at all, no latency). One failed check rolls the rollout back at once; a
 step advances when its hold time has passed and every check passes.
+
+The driver looks at every tick, so the guard's intervals are **time-uniform** (an asymptotic
+confidence sequence, :func:`scoring.rollout.stats.sequential_z`, tuned for ``min_outcomes``):
+a version as good as the old one is rolled back with probability at most 2.5 % per step,
+however many looks. Fixed-sample 95 % intervals looked at every tick were measured to roll
+back an identical twin in 7 of 100 simulated rollouts (docs/rollout.md).
 """
 
 from __future__ import annotations
@@ -23,7 +29,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from scoring.rollout.stats import NONE, Estimate, Summary, compare
+from scoring.rollout.stats import (
+    NONE,
+    Z95,
+    Estimate,
+    Summary,
+    VersionStats,
+    compare,
+    sequential_z,
+    summarize,
+)
 from streamrank.errors import ConfigError
 
 RELATIVE = ("auc", "gauc", "ctr1", "ctr5", "ctr10", "mrr")
@@ -108,14 +123,31 @@ class CheckResult:
 
 
 def evaluate(
-    checks: Sequence[Check], new: Summary, old: Summary, *, min_outcomes: int
+    checks: Sequence[Check],
+    new_stats: VersionStats,
+    old_stats: VersionStats,
+    *,
+    min_outcomes: int,
+    sequential: bool = True,
 ) -> list[CheckResult]:
-    """Each check of the guard on the two versions' summaries over the same window."""
+    """Each check of the guard on the two versions' statistics over the same window, with
+    time-uniform intervals (``sequential``) or fixed-sample 95 % ones."""
     out = []
-    enough = new.requests >= min_outcomes and old.requests >= min_outcomes
+    enough = new_stats.req >= min_outcomes and old_stats.req >= min_outcomes
+
+    def z_for(n: int) -> float:
+        return sequential_z(n, tuned_for=min_outcomes) if sequential and n > 0 else Z95
+
     for check in checks:
         if check.relative:
-            diff = compare(check.metric, new, old) if enough else NONE
+            z = z_for(min(new_stats.req, old_stats.req))
+            new, old = summarize(new_stats, z), summarize(old_stats, z)
+        else:
+            replies = new_stats.req + (new_stats.deg if check.metric == "degraded" else 0)
+            z = z_for(replies)
+            new, old = summarize(new_stats, z), summarize(old_stats, z)
+        if check.relative:
+            diff = compare(check.metric, new, old, z) if enough else NONE
             if not enough:
                 out.append(_pending(check, new, old, min_outcomes))
             elif diff.value is None or diff.hi is None:

@@ -9,9 +9,9 @@ import redis.asyncio as aioredis
 
 from scoring.model.canary import parse_split
 from scoring.rollout.guard import RELATIVE, evaluate, parse_guard
-from scoring.rollout.online import Window, read_summaries
+from scoring.rollout.online import Window, read_stats
 from scoring.rollout.state import RolloutStore
-from scoring.rollout.stats import Estimate, compare
+from scoring.rollout.stats import Estimate, compare, summarize
 from streamrank import keys
 from streamrank.redis_errors import redis_call
 
@@ -61,7 +61,8 @@ async def rollout_status(
     versions = list(serving)
     if state is not None:
         versions += [v for v in (state.new, state.old) if v not in versions]
-    summaries = await read_summaries(redis, versions, window) if versions else {}
+    stats = await read_stats(redis, versions, window) if versions else {}
+    summaries = {v: summarize(x) for v, x in stats.items()}
     baseline: str | None
     if state is not None and state.active:
         baseline = state.old
@@ -99,10 +100,7 @@ async def rollout_status(
         if state.active:
             checks = parse_guard(state.guard)
             results = evaluate(
-                checks,
-                summaries[state.new],
-                summaries[state.old],
-                min_outcomes=state.min_outcomes,
+                checks, stats[state.new], stats[state.old], min_outcomes=state.min_outcomes
             )
             guard = [
                 {

@@ -15,7 +15,7 @@ from scoring.rollout.guard import (
     parse_steps,
 )
 from scoring.rollout.state import RolloutState
-from scoring.rollout.stats import VersionStats, latency_bin, stats_of_requests, summarize
+from scoring.rollout.stats import VersionStats, latency_bin, stats_of_requests
 from streamrank.errors import ConfigError
 
 
@@ -53,9 +53,9 @@ def ranker(n: int, *, quality: float, seed: int, latency_ms: float = 5.0) -> Ver
 
 def test_a_clearly_worse_version_fails_and_an_equal_one_passes() -> None:
     checks = parse_guard("auc:0.005,ctr5:0.02,p99:50ms,degraded:1%")
-    old = summarize(ranker(800, quality=0.6, seed=1))
-    bad = summarize(ranker(300, quality=0.0, seed=2))
-    same = summarize(ranker(300, quality=0.6, seed=3))
+    old = ranker(800, quality=0.6, seed=1)
+    bad = ranker(300, quality=0.0, seed=2)
+    same = ranker(300, quality=0.6, seed=3)
     results = {r.check.metric: r for r in evaluate(checks, bad, old, min_outcomes=100)}
     assert results["auc"].status == "fail" and "worse" in results["auc"].detail
     assert results["ctr5"].status == "fail"
@@ -67,23 +67,23 @@ def test_a_clearly_worse_version_fails_and_an_equal_one_passes() -> None:
 
 def test_absolute_checks_fail_on_the_new_version_alone() -> None:
     checks = parse_guard("p99:50ms,degraded:1%")
-    old = summarize(ranker(400, quality=0.6, seed=1))
+    old = ranker(400, quality=0.6, seed=1)
     slow = ranker(400, quality=0.6, seed=2, latency_ms=80.0)
     slow.deg = 40  # 40 of 440 replies degraded
-    results = {r.check.metric: r for r in evaluate(checks, summarize(slow), old, min_outcomes=100)}
+    results = {r.check.metric: r for r in evaluate(checks, slow, old, min_outcomes=100)}
     assert results["p99"].status == "fail" and "over 50 ms" in results["p99"].detail
     assert results["degraded"].status == "fail"
     # a version that only ever degrades still meets the degraded check (no scored requests)
     broken = VersionStats(deg=200)
-    out = {r.check.metric: r for r in evaluate(checks, summarize(broken), old, min_outcomes=100)}
+    out = {r.check.metric: r for r in evaluate(checks, broken, old, min_outcomes=100)}
     assert out["degraded"].status == "fail" and out["p99"].status == "pending"
 
 
 def test_decide_holds_advances_promotes_and_rolls_back() -> None:
     checks = parse_guard("auc:0.005")
-    old = summarize(ranker(400, quality=0.6, seed=1))
-    good = evaluate(checks, summarize(ranker(400, quality=0.6, seed=4)), old, min_outcomes=100)
-    bad = evaluate(checks, summarize(ranker(400, quality=0.0, seed=5)), old, min_outcomes=100)
+    old = ranker(400, quality=0.6, seed=1)
+    good = evaluate(checks, (ranker(400, quality=0.6, seed=4)), old, min_outcomes=100)
+    bad = evaluate(checks, (ranker(400, quality=0.0, seed=5)), old, min_outcomes=100)
     steps = (5, 20, 50, 100)
     kw = {"steps": steps, "since_ms": 0, "hold_ms": 10_000}
     assert decide(good, step=0, now_ms=5_000, **kw).action == "hold"  # type: ignore[arg-type]

@@ -168,3 +168,14 @@ def test_stats_hash_round_trip_and_addition() -> None:
     total = VersionStats.total([s, s])
     assert total.req == 6 and total.pos == {12: 4} and total.lat == {40: 8}
     assert Estimate(0.5, 0.4, 0.6, 10).to_json() == {"value": 0.5, "lo": 0.4, "hi": 0.6, "n": 10}
+
+
+def test_sequential_z_is_wider_than_one_look_and_grows_slowly() -> None:
+    from scoring.rollout.stats import sequential_z
+
+    # alpha 0.05 tuned at n: rho² n = -2 ln α + ln(1 - 2 ln α) = 7.936; z² = 2(8.936/7.936) ln(√8.936/α)
+    assert sequential_z(100, tuned_for=100) == pytest.approx(3.035, abs=1e-3)
+    assert sequential_z(200, tuned_for=200) == pytest.approx(sequential_z(100, tuned_for=100))
+    zs = [sequential_z(n, tuned_for=100) for n in (100, 1_000, 10_000, 100_000)]
+    assert zs == sorted(zs) and zs[-1] < 5.0  # √log growth
+    assert sequential_z(10, tuned_for=100) > sequential_z(100, tuned_for=100) > 1.96
