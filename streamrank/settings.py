@@ -322,7 +322,9 @@ class Settings(BaseSettings):
         return self.redis_url.get_secret_value()
 
     def all_topics(self) -> tuple[str, ...]:
-        return (self.topic_clicks, self.topic_requests, self.topic_results, self.topic_dead_letters)
+        """Every topic the settings name (the served log and outcomes topics when set)."""
+        base = (self.topic_clicks, self.topic_requests, self.topic_results, self.topic_dead_letters)
+        return base + tuple(t for t in (self.served_log_topic, self.outcomes_topic) if t)
 
     def as_env(self) -> dict[str, str]:
         """``STREAMRANK_*`` variables that hand every field to a child process (workers)."""

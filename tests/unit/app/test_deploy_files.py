@@ -55,10 +55,10 @@ def test_file_parses_and_sets_only_real_settings(path: Path) -> None:
 def test_compose_commands_exist_and_metrics_ports_match() -> None:
     compose = load_all(ROOT / "docker-compose.yml")[0]
     parser = build_parser()
-    for name in ("topics", "features", "scoring"):
+    for name in ("topics", "features", "scoring", "outcomes"):
         command = compose["services"][name]["command"]
         parser.parse_args(command)  # exits (SystemExit) on an unknown command
-    for kind in ("features", "scoring"):
+    for kind in ("features", "scoring", "outcomes"):
         env = compose["services"][kind]["environment"]
         assert env["STREAMRANK_METRICS_PORT"] == str(DEFAULT_PORTS[kind])
     prometheus = load_all(ROOT / "deploy/prometheus/prometheus.yml")[0]
@@ -70,7 +70,7 @@ def test_compose_commands_exist_and_metrics_ports_match() -> None:
 
 def test_kubernetes_workers_run_real_commands_on_their_metrics_ports() -> None:
     parser = build_parser()
-    for kind in ("features", "scoring"):
+    for kind in ("features", "scoring", "outcomes"):
         deployment = next(
             d for d in load_all(ROOT / f"deploy/k8s/{kind}.yaml") if d["kind"] == "Deployment"
         )
