@@ -8,7 +8,10 @@ A guard is a list of checks, e.g. ``auc:0.005,p99:50ms,degraded:1%``:
   more than the margin, with confidence), and **passes** otherwise;
 - absolute checks on the new version alone: ``p99:BUDGET`` (ms) fails when the lower end of the
   p99's interval exceeds the budget; ``degraded:SHARE`` fails when the lower end of the degraded
-  share's interval exceeds it.
+  share's interval exceeds it;
+- ``slower:MARGIN`` (ms) compares the two p99s: it fails when the lower end of the new version's
+  p99 interval is above the upper end of the old one's by more than the margin (both versions
+  share the workers, so a loaded machine slows both and does not fail it).
 
 A check is **pending** until both versions have ``min_outcomes`` requests in the window (the
 degraded check counts every reply routed to the new version), or while its metric has no
@@ -42,7 +45,7 @@ from scoring.rollout.stats import (
 from streamrank.errors import ConfigError
 
 RELATIVE = ("auc", "gauc", "ctr1", "ctr5", "ctr10", "mrr")
-ABSOLUTE = ("p99", "degraded")
+ABSOLUTE = ("p99", "degraded", "slower")
 DEFAULT_GUARD = "auc:0.005,p99:100ms,degraded:1%"
 
 Status = Literal["pass", "fail", "pending"]
@@ -61,6 +64,8 @@ class Check:
     def describe(self) -> str:
         if self.metric == "p99":
             return f"p99 <= {self.limit:g} ms"
+        if self.metric == "slower":
+            return f"p99 not slower than the old one's by more than {self.limit:g} ms"
         if self.metric == "degraded":
             return f"degraded <= {self.limit:.2%}"
         return f"{self.metric} not worse by more than {self.limit:g}"
@@ -85,7 +90,7 @@ def parse_guard(text: str) -> tuple[Check, ...]:
             raw, scale = raw[:-1], 0.01
         elif raw.endswith("ms"):
             raw = raw[:-2]
-        elif raw.endswith("s") and metric == "p99":
+        elif raw.endswith("s") and metric in ("p99", "slower"):
             raw, scale = raw[:-1], 1000.0
         try:
             limit = float(raw) * scale
@@ -105,8 +110,8 @@ def format_guard(checks: Sequence[Check]) -> str:
     """The text :func:`parse_guard` reads back to the same checks."""
     out = []
     for c in checks:
-        if c.metric == "p99":
-            out.append(f"p99:{c.limit:g}ms")
+        if c.metric in ("p99", "slower"):
+            out.append(f"{c.metric}:{c.limit:g}ms")
         elif c.metric == "degraded":
             out.append(f"degraded:{c.limit * 100:g}%")
         else:
@@ -173,6 +178,9 @@ def evaluate(
                     )
                 )
             continue
+        if check.metric == "slower":
+            out.append(_slower(check, new, old, min_outcomes=min_outcomes))
+            continue
         value = new.metric(check.metric)
         count = new.requests + new.degraded_replies if check.metric == "degraded" else new.requests
         if count < min_outcomes:
@@ -194,6 +202,20 @@ def evaluate(
             else:
                 out.append(CheckResult(check, "pass", value, f"{check.metric} {shown}"))
     return out
+
+
+def _slower(check: Check, new: Summary, old: Summary, *, min_outcomes: int) -> CheckResult:
+    a, b = new.p99_ms, old.p99_ms
+    if min(new.requests, old.requests) < min_outcomes:
+        return _pending(check, new, old, min_outcomes)
+    if a.value is None or a.lo is None or b.value is None or b.hi is None:
+        return CheckResult(check, "pending", NONE, "no p99 interval yet")
+    upper = None if a.hi is None or b.lo is None else a.hi - b.lo
+    gap = Estimate(a.value - b.value, a.lo - b.hi, upper, a.n)
+    shown = f"p99 {a.value:.1f} ms vs {b.value:.1f} ms (new at least {a.lo:.1f}, old at most {b.hi:.1f})"
+    if a.lo - b.hi > check.limit:
+        return CheckResult(check, "fail", gap, f"slower: {shown}, over +{check.limit:g} ms")
+    return CheckResult(check, "pass", gap, shown)
 
 
 def _fmt(x: float | None, spec: str) -> str:

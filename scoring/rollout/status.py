@@ -8,7 +8,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from scoring.model.canary import parse_split
-from scoring.rollout.guard import RELATIVE, evaluate, parse_guard
+from scoring.rollout.guard import evaluate, parse_guard
 from scoring.rollout.online import Window, read_stats
 from scoring.rollout.state import RolloutStore
 from scoring.rollout.stats import Estimate, compare, summarize
@@ -109,7 +109,7 @@ async def rollout_status(
                     "status": r.status,
                     **r.estimate.to_json(),
                     "detail": r.detail,
-                    "kind": "new - old" if r.check.metric in RELATIVE else "new",
+                    "kind": "new" if r.check.metric in ("p99", "degraded") else "new - old",
                 }
                 for r in results
             ]

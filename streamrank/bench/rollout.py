@@ -38,7 +38,9 @@ import numpy as np
 from streamrank.bench.rollout_sim import say
 from streamrank.settings import Settings
 
-DEFAULT_GUARD = "auc:0.005,p99:5000ms,degraded:1%"
+# Latency as `slower` (new against old in the same window), not an absolute budget: the bursts of
+# this benchmark on a shared machine push every version's p99 to seconds (docs/rollout.md).
+DEFAULT_GUARD = "auc:0.005,slower:250ms,degraded:1%"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,9 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", default="5,20,50,100")
     parser.add_argument("--hold", type=float, default=5.0, help="seconds per step at least")
     parser.add_argument("--min-outcomes", type=int, default=100)
-    parser.add_argument("--guard", default=DEFAULT_GUARD,
-                        help="p99 budget generous: the benchmark sends bursts of 32 requests "
-                        "on a shared machine; the check is about the model")  # fmt: skip
+    parser.add_argument("--guard", default=DEFAULT_GUARD)
     parser.add_argument("--tick", type=float, default=0.5, help="driver tick, seconds")
     parser.add_argument("--equal-runs", type=int, default=5)
     parser.add_argument("--simulated-runs", type=int, default=200,

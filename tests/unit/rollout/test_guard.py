@@ -73,6 +73,13 @@ def test_absolute_checks_fail_on_the_new_version_alone() -> None:
     results = {r.check.metric: r for r in evaluate(checks, slow, old, min_outcomes=100)}
     assert results["p99"].status == "fail" and "over 50 ms" in results["p99"].detail
     assert results["degraded"].status == "fail"
+    # slower than the old version (whatever the machine's load does to both)
+    relative = parse_guard("slower:10ms")
+    slower = evaluate(relative, slow, ranker(400, quality=0.6, seed=1), min_outcomes=100)
+    assert slower[0].status == "fail" and "over +10 ms" in slower[0].detail
+    loaded = ranker(400, quality=0.6, seed=3, latency_ms=80.0)
+    assert evaluate(relative, slow, loaded, min_outcomes=100)[0].status == "pass"
+    assert parse_guard("slower:0.5s") == (Check("slower", 500.0),)
     # a version that only ever degrades still meets the degraded check (no scored requests)
     broken = VersionStats(deg=200)
     out = {r.check.metric: r for r in evaluate(checks, broken, old, min_outcomes=100)}
