@@ -31,12 +31,11 @@ import numpy.typing as npt
 from tqdm import tqdm
 
 from streamrank.devstack.cases import (
-    HISTORICAL_SKEW_S,
-    REPLAY_BUDGET_MS,
     Case,
     click_events,
     expected_sequences,
     offline_scores,
+    private_run,
     produce_clicks,
     quality,
     wait_applied,
@@ -61,17 +60,9 @@ def run_settings(settings: Settings, *, run: str, version: str, max_history: int
     """Settings of the replay's private topics, groups and workers."""
     return settings.model_copy(
         update={
-            "topic_clicks": f"{run}-clicks",
-            "topic_requests": f"{run}-rank-requests",
-            "topic_results": f"{run}-rank-results",
-            "topic_dead_letters": f"{run}-dead-letters",
-            "features_app_id": f"{run}-features",
-            "scoring_group_id": f"{run}-scoring",
-            "max_event_skew_s": HISTORICAL_SKEW_S,
+            **private_run(run),
             "sequence_length": max_history,
-            "scoring_budget_ms": REPLAY_BUDGET_MS,
             "canary_split": f"{version}:1",
-            "metrics_port": 0,
             "served_log_topic": None,
         }
     )

@@ -3,6 +3,7 @@ and intervals over one window, each compared with the baseline, and the rollout'
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -53,7 +54,8 @@ async def rollout_status(
         serving = {str(_text(active)): 1.0}
     if state is not None and state.active and window_s is None:
         window = Window(state.since_ms, now_ms, bucket_s)
-        window_name = f"step since {state.since_ms}"
+        since = datetime.fromtimestamp(state.since_ms / 1000, UTC).strftime("%H:%M:%S UTC")
+        window_name = f"the current step's (since {since}, {(now_ms - state.since_ms) / 1000:.0f}s)"
     else:
         seconds = window_s or 600
         window = Window.trailing(seconds, now_ms=now_ms, bucket_s=bucket_s)

@@ -32,21 +32,13 @@ def served_record(
     latency_ms: float | None = None,
 ) -> dict[str, Any]:
     """The point-in-time record of one scored request (served-log topic, key = request_id)."""
-    return {
-        "request_id": request.request_id,
-        "user_id": request.user_id,
-        "model_version": version,
-        "sequence": {
-            "item_ids": [e.item_id for e in events],
-            "ts": [int(e.ts) for e in events],
-            "event_ids": [e.event_id for e in events],
-        },
-        "items": list(request.items),
-        "scores": list(scores),
-        "served_at": served_at,
-        "degraded": False,
-        "latency_ms": latency_ms,
+    record = _record(request, version, scores, served_at, latency_ms=latency_ms, degraded=False)
+    record["sequence"] = {
+        "item_ids": [e.item_id for e in events],
+        "ts": [int(e.ts) for e in events],
+        "event_ids": [e.event_id for e in events],
     }
+    return record
 
 
 def degraded_record(
@@ -59,6 +51,20 @@ def degraded_record(
     latency_ms: float | None = None,
 ) -> dict[str, Any]:
     """The record of a reply routed to ``version`` that got fallback scores instead."""
+    record = _record(request, version, scores, served_at, latency_ms=latency_ms, degraded=True)
+    record["reason"] = reason
+    return record
+
+
+def _record(
+    request: RankRequest,
+    version: str,
+    scores: Sequence[float],
+    served_at: int,
+    *,
+    latency_ms: float | None,
+    degraded: bool,
+) -> dict[str, Any]:
     return {
         "request_id": request.request_id,
         "user_id": request.user_id,
@@ -66,8 +72,7 @@ def degraded_record(
         "items": list(request.items),
         "scores": list(scores),
         "served_at": served_at,
-        "degraded": True,
-        "reason": reason,
+        "degraded": degraded,
         "latency_ms": latency_ms,
     }
 

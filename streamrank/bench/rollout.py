@@ -106,27 +106,19 @@ def renamed_version(artifact: Any, out_dir: Path) -> Path:
 
 def workers_settings(settings: Settings, *, run: str, bucket_s: int) -> Settings:
     """Private topics and groups; pointers followed quickly; statistics in fine buckets."""
-    from streamrank.devstack.cases import HISTORICAL_SKEW_S, REPLAY_BUDGET_MS
+    from streamrank.devstack.cases import private_run
 
     return settings.model_copy(
         update={
-            "topic_clicks": f"{run}-clicks",
-            "topic_requests": f"{run}-rank-requests",
-            "topic_results": f"{run}-rank-results",
-            "topic_dead_letters": f"{run}-dead-letters",
+            **private_run(run),
             "served_log_topic": f"{run}-served",
             "outcomes_topic": f"{run}-outcomes",
-            "features_app_id": f"{run}-features",
-            "scoring_group_id": f"{run}-scoring",
             "outcomes_group_id": f"{run}-outcomes",
-            "max_event_skew_s": HISTORICAL_SKEW_S,
-            "scoring_budget_ms": REPLAY_BUDGET_MS,
             "scoring_poll_s": 0.2,
             "canary_split": None,
             "outcome_bucket_s": bucket_s,
             "outcome_window_s": 120,
             "outcome_close_delay_s": 5,
-            "metrics_port": 0,
         }
     )
 

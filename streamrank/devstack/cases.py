@@ -32,6 +32,23 @@ HISTORICAL_SKEW_S = 100 * 365 * 24 * 3600
 REPLAY_BUDGET_MS = 120_000
 
 
+def private_run(run: str) -> dict[str, Any]:
+    """Settings of a replay's own topics, consumer groups and workers, named after the run so it
+    never mixes with other traffic on a shared stack; historical click times accepted; a
+    generous request budget (scores, not latency, are checked)."""
+    return {
+        "topic_clicks": f"{run}-clicks",
+        "topic_requests": f"{run}-rank-requests",
+        "topic_results": f"{run}-rank-results",
+        "topic_dead_letters": f"{run}-dead-letters",
+        "features_app_id": f"{run}-features",
+        "scoring_group_id": f"{run}-scoring",
+        "max_event_skew_s": HISTORICAL_SKEW_S,
+        "scoring_budget_ms": REPLAY_BUDGET_MS,
+        "metrics_port": 0,
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class Case:
     """One test user of the artifact: history events (oldest first), candidates, labels."""
