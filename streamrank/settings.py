@@ -289,6 +289,13 @@ class Settings(BaseSettings):
         "batch of served records can outlast redis_timeout_s on a loaded host; a timed-out batch "
         "is retried, which the join makes harmless).",
     )
+    outcomes_export_interval_s: float = Field(
+        15.0,
+        ge=0,
+        description="How often an outcomes worker refreshes its online-metric gauges (10 min and "
+        "1 h windows of every version that served in the last hour: one HGETALL per version and "
+        "statistics bucket); 0 turns the export off.",
+    )
     outcomes_batch_max: int = Field(
         500, ge=1, description="Most records (served log and clicks) per outcomes-worker batch."
     )

@@ -59,7 +59,7 @@ class OutcomesWorker:
         registry: CollectorRegistry | None = None,
         clock_ms: Callable[[], int] = clock.now_ms,
         close_every_s: float = 1.0,
-        export_every_s: float = 10.0,
+        export_every_s: float | None = None,
     ) -> None:
         if not settings.served_log_topic:
             raise ConfigError(
@@ -73,7 +73,9 @@ class OutcomesWorker:
         self._actions = frozenset(settings.outcome_actions)
         self._clock = clock_ms
         self._close_every_s = close_every_s
-        self._export_every_s = export_every_s
+        self._export_every_s = (
+            settings.outcomes_export_interval_s if export_every_s is None else export_every_s
+        )
         self._redis: aioredis.Redis | None = None
         self._store: OutcomeStore | None = None
         self._consumer: AIOKafkaConsumer | None = None
@@ -118,11 +120,14 @@ class OutcomesWorker:
                 f"cannot reach Kafka at {s.kafka_bootstrap}: {exc}; is the stack up?"
             ) from exc
         self._tasks = [
-            asyncio.create_task(self._every(self._close_every_s, self.close_due), name="closer"),
-            asyncio.create_task(
-                self._every(self._export_every_s, self.export_metrics), name="exporter"
-            ),
+            asyncio.create_task(self._every(self._close_every_s, self.close_due), name="closer")
         ]
+        if self._export_every_s > 0:
+            self._tasks.append(
+                asyncio.create_task(
+                    self._every(self._export_every_s, self.export_metrics), name="exporter"
+                )
+            )
         logger.info(
             "%s %s and %s as group %s (window %ss, close delay %ss, buckets of %ss; outcomes to "
             "%s)",

@@ -133,6 +133,17 @@ async def test_outcomes_through_kafka_equal_the_one_go_statistics(
                        await read_topic(settings, settings.topic_dead_letters, want=1)]  # fmt: skip
             assert [d.reason for d in letters] == ["bad_type"]
             assert worker.metrics.closed._value.get() == len(users)
+            # the online gauges, per version and window, from the same statistics
+            gauges = worker.metrics
+            await wait_for(
+                lambda: all(gauges.requests.labels(v, "10m")._value.get() == len(by_version[v])
+                            for v in (va, vb)),
+                timeout_s=30, what="the online gauges",
+            )  # fmt: skip
+            want_ctr1 = stats[va].h1 / stats[va].req
+            assert gauges.ctr.labels(va, "1h", "1", "value")._value.get() == pytest.approx(
+                want_ctr1
+            )
             served = worker.metrics.served
             assert served.labels("joined")._value.get() == len(users)
     finally:
