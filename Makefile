@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 TORCH_VERSION = 2.13.0
 
-.PHONY: setup demo test lint typecheck unit stack-up stack-down clean docs
+.PHONY: setup demo test test-slow lint typecheck unit stack-up stack-down clean docs
 
 setup: $(STAMP)
 
@@ -34,7 +34,11 @@ unit: setup
 	$(BIN)/pytest -q tests/unit
 
 test: setup lint typecheck
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -m "not slow"
+
+# Tests marked slow (minutes each: the consumer-group scale test, ...); CI runs them too.
+test-slow: setup
+	$(BIN)/pytest -q -m slow
 
 docs: setup
 	$(BIN)/python -m streamrank.cli.docs README.md

@@ -4,9 +4,11 @@
 2. a model: the newest artifact trained on the same data, else a quick training run
    (MovieLens-100K when ``data_dir/ml-100k`` exists, else synthetic clicks); published + activated;
 3. a features worker and a scoring worker as child processes (logs under ``run_dir/demo``);
-4. clicks produced continuously (the dataset's events in time order, ts = now), and every few
-   seconds: how one user's sequence fills up, and a RankRequest for that user with the reply's
-   top items, model version, degraded flag and timings.
+4. clicks produced continuously (the dataset's events in time order, ts = now) and rank
+   requests for many users (the dataset's users, 20 candidates each); every few seconds either
+   the live dashboard of ``streamrank top`` (``--view top``, the default) or how one user's
+   sequence fills up and a RankRequest for that user with the reply's top items, model
+   version, degraded flag and timings (``--view user``).
 
 Ctrl-C (SIGINT) or SIGTERM stops the workers, then the stack if the demo started it.
 """
@@ -26,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from schemas import ClickEvent
+from schemas import ClickEvent, RankRequest
 from streamrank import clock, kafka
 from streamrank.redis_client import redis_client
 from streamrank.settings import Settings
@@ -154,14 +156,62 @@ def pick_user_and_items(
 
 
 def _metrics_port(settings: Settings, kind: str) -> int:
-    """The worker kind's default /metrics port when free (0 = off when taken or disabled)."""
-    from streamrank.devstack.stack import port_in_use
+    """The worker kind's default /metrics port, or a free one when it is taken (0 = disabled
+    by ``STREAMRANK_METRICS_PORT=0``)."""
+    from streamrank.devstack.stack import free_port, port_in_use
     from streamrank.metrics_http import DEFAULT_PORTS
 
     if settings.metrics_port == 0:
         return 0
     port = settings.metrics_port or DEFAULT_PORTS[kind]
-    return 0 if port_in_use(port) else port
+    return free_port() if port_in_use(port) else port
+
+
+def rank_requests(ds: Any, *, seed: int = 1) -> Iterator[RankRequest]:
+    """Rank requests for the dataset's users (uniformly), each with 20 random candidates."""
+    rng = np.random.default_rng(seed)
+    users = np.unique(ds.user_ids)
+    tag = uuid.uuid4().hex[:6]
+    for n in range(1_000_000_000):
+        picks = rng.choice(len(ds.items), size=min(CANDIDATES, len(ds.items)), replace=False)
+        yield RankRequest(
+            request_id=f"demo-{tag}-{n}",
+            user_id=str(users[int(rng.integers(len(users)))]),
+            items=tuple(ds.items[int(i)] for i in picks),
+        )
+
+
+class Dashboard:
+    """``streamrank top`` inside the demo: redrawn in place on a terminal, printed as a new
+    table each refresh otherwise."""
+
+    def __init__(self, ports: dict[str, int]) -> None:
+        from rich.console import Console
+
+        self._targets = [(k, f"http://127.0.0.1:{p}/metrics") for k, p in ports.items() if p]
+        self._console = Console()
+        self._live: Any = None
+        self._before: list[Any] = []
+
+    async def refresh(self) -> None:
+        from rich.live import Live
+
+        from streamrank.top import figures, render, scrape_all
+
+        now = await scrape_all(self._targets)
+        view = render(figures(now, self._before), title="streamrank demo")
+        self._before = now
+        if not self._console.is_terminal:
+            self._console.print(view)
+        elif self._live is None:
+            self._live = Live(view, console=self._console, auto_refresh=False)
+            self._live.start()
+        else:
+            self._live.update(view, refresh=True)
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.stop()
 
 
 async def _show_features(settings: Settings, user: str) -> None:
@@ -209,6 +259,8 @@ async def run_demo(
     rate: float,
     every_s: float,
     logs: Path,
+    request_rate: float = 20.0,
+    view: str = "top",
 ) -> None:
     """Publish + activate the model, start both workers, then produce, watch and rank."""
     from aiokafka import AIOKafkaProducer
@@ -254,28 +306,58 @@ async def run_demo(
         user, items, later = pick_user_and_items(
             model.dataset, horizon=max(1000, int(rate * 30)), max_events=settings.sequence_length
         )
-        say(f"producing {rate:.0f} clicks/s; watching user {user}; press Ctrl-C to stop")
+        if view == "top" and not all(ports.values()):
+            say("the dashboard reads the workers' /metrics, which are off: showing --view user")
+            view = "user"
+        watching = "the dashboard" if view == "top" else f"user {user}"
+        say(
+            f"producing {rate:.0f} clicks/s and {request_rate:.0f} rank requests/s for "
+            f"{len(np.unique(model.dataset.user_ids))} users; showing {watching}; press Ctrl-C "
+            "to stop"
+        )
+        say(
+            f"in another shell: streamrank tail {settings.topic_results} --follow | streamrank "
+            "lag --watch | streamrank top | streamrank dlq"
+        )
         producer = kafka.producer(settings, acks="all", linger_ms=5)
         await producer.start()
         clicks = dataset_clicks(model.dataset, run=f"demo-{uuid.uuid4().hex[:6]}")
+        requests = rank_requests(model.dataset)
+        dashboard = Dashboard(ports) if view == "top" else None
         async with RankClient(settings=settings) as client:
             started = time.monotonic()
-            produced = 0
+            produced = asked = 0
             next_show = started + every_s
-            while duration_s is None or time.monotonic() - started < duration_s:
-                due = int((time.monotonic() - started) * rate) - produced
-                for event in (next(clicks) for _ in range(max(0, due))):
-                    await producer.send(
-                        settings.topic_clicks, event.to_json(), key=event.user_id.encode()
-                    )
-                produced += max(0, due)
-                if time.monotonic() >= next_show:
-                    next_show += every_s
-                    await producer.flush()
-                    print(f"clicks: {produced} produced", flush=True)
-                    await _show_features(settings, user)
-                    await _show_rank(client, user, items, later)
-                await asyncio.sleep(0.05)
+            try:
+                while duration_s is None or time.monotonic() - started < duration_s:
+                    elapsed = time.monotonic() - started
+                    due = int(elapsed * rate) - produced
+                    for event in (next(clicks) for _ in range(max(0, due))):
+                        await producer.send(
+                            settings.topic_clicks, event.to_json(), key=event.user_id.encode()
+                        )
+                    produced += max(0, due)
+                    due = int(elapsed * request_rate) - asked
+                    for request in (next(requests) for _ in range(max(0, due))):
+                        await producer.send(
+                            settings.topic_requests,
+                            request.to_json(),
+                            key=request.user_id.encode(),
+                        )
+                    asked += max(0, due)
+                    if time.monotonic() >= next_show:
+                        next_show += every_s
+                        await producer.flush()
+                        if dashboard is not None:
+                            await dashboard.refresh()
+                        else:
+                            print(f"clicks: {produced} produced, {asked} rank requests", flush=True)
+                            await _show_features(settings, user)
+                            await _show_rank(client, user, items, later)
+                    await asyncio.sleep(0.05)
+            finally:
+                if dashboard is not None:
+                    dashboard.close()
     finally:
         if producer is not None:
             with contextlib.suppress(Exception):

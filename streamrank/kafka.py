@@ -4,9 +4,10 @@ guard (:mod:`streamrank.kafka_guard`) before a consumer fetches anything."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from streamrank import kafka_guard
 from streamrank.settings import Settings
@@ -46,3 +47,25 @@ def consumer(settings: Settings, *topics: str, **options: Any) -> AIOKafkaConsum
     """A consumer of ours, guarded against undecodable batches; ``options`` are aiokafka's."""
     kafka_guard.install()
     return AIOKafkaConsumer(*topics, **{**consumer_kwargs(settings), **options})
+
+
+async def end_offsets(
+    consumer: AIOKafkaConsumer, tps: list[TopicPartition], *, timeout_s: float = 5.0
+) -> dict[TopicPartition, int]:
+    """The next offset to be written of each partition (the high watermark), for a consumer
+    without a group; the partitions end up assigned to it.
+
+    ListOffsets alone is not enough: the embedded Tansu broker answers it with the last
+    batch's base offset + 1 (short by the batch's other records), while its fetch responses
+    carry the right high watermark. So one fetch from just before the reported end, and the
+    larger of the two (they agree on Apache Kafka)."""
+    if not tps:
+        return {}
+    reported = await consumer.end_offsets(tps)
+    consumer.assign(tps)
+    for tp in tps:
+        consumer.seek(tp, max(0, reported[tp] - 1))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(consumer.highwater(tp) is None for tp in tps):
+        await consumer.getmany(*tps, timeout_ms=100)
+    return {tp: max(reported[tp], consumer.highwater(tp) or 0) for tp in tps}

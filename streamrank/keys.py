@@ -47,6 +47,11 @@ key                             type    contents
 ``sr:model:{version}:config``   string  the version's config.json (UTF-8 JSON; ``encoding`` = the
                                         one its item table was published in); written LAST, so
                                         its presence means the version is fully published.
+``sr:grp:{group}:members``      hash    the consumer group's members as they report themselves
+                                        (``streamrank.groups``): field = member (client id),
+                                        value = JSON (host, pid, partitions, since, expires).
+                                        Each worker re-writes its field every few seconds; the
+                                        key's TTL (and ``expires``) drop members that are gone.
 ==============================  ======  ==========================================================
 
 Online outcomes and rollouts (issue 14; a separate section so that a re-tagging for Redis Cluster
@@ -179,6 +184,11 @@ def model_dense(version: str) -> str:
 def model_config(version: str) -> str:
     """The config.json of one published model version (written last by publish)."""
     return f"{PREFIX}:model:{version}:config"
+
+
+def group_members(group: str) -> str:
+    """The self-reported members of one consumer group and their partitions."""
+    return f"{PREFIX}:grp:{group}:members"
 
 
 # --- online outcomes and rollouts (issue 14) ----------------------------------------------------

@@ -29,13 +29,14 @@ from typing import Any
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
-from streamrank import kafka_guard
+from streamrank import groups, kafka_guard
 from streams.classify import Record
 
 logger = logging.getLogger(__name__)
 
 BatchHandler = Callable[[Sequence[Record]], Awaitable[Any]]
 LagHandler = Callable[[str, int, int], None]  # (topic, partition, records behind)
+CommitHandler = Callable[[bool], None]  # whether an offset commit succeeded
 
 
 class FeaturesConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -60,6 +61,14 @@ class FeaturesConsumer(faust_aiokafka.Consumer):
 
     def _new_consumer_thread(self) -> Any:
         return FeaturesConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    async def _commit(self, offsets: Any) -> bool:
+        # Faust reports a commit's result only here (its sensors see attempts, not outcomes).
+        ok = bool(await super()._commit(offsets))
+        on_commit: CommitHandler | None = self.app.on_commit  # type: ignore[attr-defined]
+        if on_commit is not None:
+            on_commit(ok)
+        return ok
 
     async def _drain_messages(self, fetcher: Any) -> None:
         if not self.app.use_batch_path:  # type: ignore[attr-defined]
@@ -124,6 +133,7 @@ class FeaturesApp(faust.App):
 
     batch_handler: BatchHandler
     on_lag: LagHandler | None = None
+    on_commit: CommitHandler | None = None
     use_batch_path: bool = True
     fetch_max_wait_ms: int = 10
     isolation_level: str = "read_committed"
@@ -174,6 +184,7 @@ def create_app(settings: Any, *, handler: BatchHandler) -> FeaturesApp:
         key_serializer="raw",
         value_serializer="raw",
         web_enabled=False,
+        broker_client_id=groups.client_id("features", settings.kafka_group_instance_id),
         topic_disable_leader=True,
         topic_partitions=settings.topic_partitions,
         topic_replication_factor=settings.topic_replication,
@@ -184,7 +195,11 @@ def create_app(settings: Any, *, handler: BatchHandler) -> FeaturesApp:
         broker_session_timeout=settings.kafka_session_timeout_ms / 1000,
         broker_heartbeat_interval=settings.kafka_heartbeat_interval_ms / 1000,
         consumer_group_instance_id=settings.kafka_group_instance_id,
-        broker_rebalance_timeout=10.0,
+        # members get this long to rejoin a rebalance: at least the session timeout (Faust's
+        # 10 s default is shorter than a static-membership session, and the embedded broker
+        # pads each join by a share of it), else a busy member misses the rejoin and the group
+        # rebalances again
+        broker_rebalance_timeout=max(10.0, settings.kafka_session_timeout_ms / 1000),
         broker_request_timeout=30.0,
         broker_commit_interval=settings.features_commit_interval_s,
         broker_commit_every=10 * settings.features_batch_size,

@@ -34,6 +34,7 @@ class Classified:
     """One batch sorted into what to apply, forward and dead-letter."""
 
     apply: list[ClickEvent] = field(default_factory=list)
+    applied_at: list[tuple[str, int, int]] = field(default_factory=list)  # (topic, p, offset)
     forward: list[ClickEvent] = field(default_factory=list)
     forward_raw: list[bytes] = field(default_factory=list)
     forward_headers: list[KafkaHeaders] = field(default_factory=list)
@@ -85,6 +86,7 @@ def classify(
             continue
         seen.add(event.event_id)
         out.apply.append(event)
+        out.applied_at.append((record.topic, record.partition, record.offset))
     return out
 
 

@@ -90,8 +90,44 @@ class FeatureMetrics:
             ["topic", "partition"],
             registry=r,
         )
+        self.commits = Counter(
+            f"{p}_commits",
+            "Offset commits of applied clicks, by result (ok, failed).",
+            ["result"],
+            registry=r,
+        )
+        self.rebalances = Counter(
+            f"{p}_rebalances",
+            "Consumer-group rebalances this worker went through (each new assignment).",
+            registry=r,
+        )
+        self.last_rebalance = Gauge(
+            f"{p}_last_rebalance_seconds",
+            "Duration of the last rebalance: partitions revoked (or the join started) until the "
+            "new assignment arrived.",
+            registry=r,
+        )
+        self.assigned_partitions = Gauge(
+            f"{p}_assigned_partitions", "Partitions of the clicks topic this worker owns now.",
+            registry=r,
+        )  # fmt: skip
         for dep in ("redis", "kafka"):
             self.dependency_up.labels(dep).set(1)
+        self._lag_partitions: set[tuple[str, str]] = set()
 
     def set_lag(self, topic: str, partition: int, lag: int) -> None:
+        self._lag_partitions.add((topic, str(partition)))
         self.consumer_lag.labels(topic, str(partition)).set(lag)
+
+    def assigned(self, partitions: set[tuple[str, int]], *, rebalance_s: float) -> None:
+        """A new assignment: lag rows of partitions this worker no longer owns go."""
+        mine = {(t, str(p)) for t, p in partitions}
+        for labels in self._lag_partitions - mine:
+            self.consumer_lag.remove(*labels)
+        self._lag_partitions &= mine
+        self.rebalances.inc()
+        self.last_rebalance.set(rebalance_s)
+        self.assigned_partitions.set(len(partitions))
+
+    def committed(self, ok: bool) -> None:
+        self.commits.labels("ok" if ok else "failed").inc()

@@ -24,8 +24,8 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from schemas import Limits
-from streamrank import clock, kafka
+from schemas import Limits, peek_field
+from streamrank import clock, kafka, logs
 from streamrank.errors import DependencyUnavailable, KafkaUnavailable
 from streamrank.redis_client import redis_client
 from streams.classify import Classified, Record, classify
@@ -136,8 +136,49 @@ class FeatureProcessor:
         m.events_duplicate.inc(duplicates)
         m.events_forwarded.inc(len(classified.forward))
         m.events_too_old.inc(call.too_old_for_counters)
-        for reason, _letter in classified.dead:
+        for reason, letter in classified.dead:
             m.dead_letters.labels(reason).inc()
+            logger.info(
+                "dead-lettered %s[%s]@%s: %s",
+                letter.source_topic,
+                letter.partition,
+                letter.offset,
+                letter.error,
+                extra={
+                    **logs.record_fields(letter.source_topic, letter.partition, letter.offset),
+                    "user_id": peek_field(letter.payload, "user_id"),
+                    "event_id": peek_field(letter.payload, "event_id"),
+                    "reason": reason,
+                },
+            )
+        if logger.isEnabledFor(logging.DEBUG):
+            for event in classified.forward:
+                logger.debug(
+                    "re-keyed click %s of user %s",
+                    event.event_id,
+                    event.user_id,
+                    extra={"user_id": event.user_id, "event_id": event.event_id},
+                )
+            for event, (topic, partition, offset) in zip(
+                classified.apply, classified.applied_at, strict=True
+            ):
+                logger.debug(
+                    "click %s of user %s at %s[%s]@%s in a batch of %d (%d applied, the rest "
+                    "seen before)",
+                    event.event_id,
+                    event.user_id,
+                    topic,
+                    partition,
+                    offset,
+                    len(records),
+                    applied,
+                    extra={
+                        **logs.record_fields(topic, partition, offset),
+                        "user_id": event.user_id,
+                        "event_id": event.event_id,
+                        "item_id": event.item_id,
+                    },
+                )
         m.skipped_records.inc(classified.skipped)
         if classified.apply:
             newest = max(event.ts for event in classified.apply)

@@ -9,9 +9,12 @@ import sys
 
 from prometheus_client import CollectorRegistry
 
+from streamrank import logs
 from streamrank.errors import one_line
+from streamrank.health import Health
 from streamrank.metrics_http import resolve_port, serve_metrics
 from streamrank.settings import Settings
+from streams.membership import READY_CHECKS, watch_membership
 from streams.metrics import FeatureMetrics
 from streams.processor import FeatureProcessor
 
@@ -30,10 +33,14 @@ def run_features_worker(settings: Settings, *, metrics_port: int | None = None) 
     )
     registry = CollectorRegistry()
     metrics = FeatureMetrics(registry)
-    serve_metrics(registry, resolve_port(metrics_port, settings.metrics_port, "features"))
+    health = Health(READY_CHECKS)
+    port = resolve_port(metrics_port, settings.metrics_port, "features")
+    serve_metrics(registry, port, health=health)
     processor = FeatureProcessor(settings=settings, metrics=metrics)
     app = create_app(settings, handler=processor.process)
     app.on_lag = metrics.set_lag
+    app.on_commit = metrics.committed
+    watch_membership(app, settings=settings, metrics=metrics, health_=health)
     logger.info(
         "features worker: group %s, topic %s, path %s, batch %s",
         settings.features_app_id,
@@ -51,7 +58,14 @@ def run_features_worker(settings: Settings, *, metrics_port: int | None = None) 
     # work; 0.5 ms lowered p50 and p99 click-to-visible in 3 of 3 paired runs.
     sys.setswitchinterval(0.0005)
     worker = faust.Worker(
-        app, loglevel=settings.log_level.lower(), quiet=True, redirect_stdouts=False
+        app,
+        loglevel=settings.log_level.lower(),
+        quiet=True,
+        redirect_stdouts=False,
+        # JSON lines replace Faust's coloured text handler (text keeps Faust's own).
+        logging_config=logs.dict_config(settings.log_level, "json")
+        if settings.log_format == "json"
+        else None,
     )
     try:
         worker.execute_from_commandline()  # exits the process (SystemExit) when stopped

@@ -84,3 +84,20 @@ def make_settings(stack: StackInfo, unique: str) -> Callable[..., Settings]:
         return stack.settings(**topics)
 
     return factory
+
+
+def require_tool(name: str, *, package: str) -> str:
+    """The path of an external tool a test needs. Missing: the test is skipped with the
+    command that installs it, except in CI (``CI`` set), where it fails: CI must run it."""
+    import shutil
+
+    path = shutil.which(name)
+    if path is None:
+        why = (
+            f"{name} is not installed: apt-get install -y --no-install-recommends {package} "
+            "(.ci/run installs it)"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return path

@@ -20,7 +20,13 @@ from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka import (
+    AIOKafkaConsumer,
+    AIOKafkaProducer,
+    ConsumerRebalanceListener,
+    ConsumerRecord,
+    TopicPartition,
+)
 from aiokafka.errors import CommitFailedError, KafkaError
 from prometheus_client import CollectorRegistry
 
@@ -29,7 +35,7 @@ from scoring.rollout.join import JoinConfig, OutcomeStore, assemble
 from scoring.rollout.metrics import OutcomeMetrics
 from scoring.rollout.online import WINDOWS, Window, read_summaries, recent_versions
 from scoring.rollout.records import Served, decode_served, outcome_record
-from streamrank import clock, kafka, keys
+from streamrank import clock, groups, health, kafka, keys
 from streamrank.errors import (
     UNDECODABLE_BATCH,
     ConfigError,
@@ -38,6 +44,7 @@ from streamrank.errors import (
     RedisUnavailable,
     internal_error,
 )
+from streamrank.health import Health
 from streamrank.kafka_guard import UndecodableBatch
 from streamrank.redis_client import redis_client
 from streamrank.settings import Settings
@@ -47,6 +54,27 @@ logger = logging.getLogger(__name__)
 READY = "outcomes worker consuming"  # streamrank.devstack.processes waits for it
 CLAIM_VISIBILITY_MS = 30_000  # a claimed record comes back to any closer after this long
 CLOSE_BATCH = 500
+READY_CHECKS = ("group", "redis")  # what /readyz waits for
+
+
+class _Membership(ConsumerRebalanceListener):
+    """Readiness and the group registry follow the assignment (aiokafka's public hook)."""
+
+    def __init__(self, health: Health, registration: groups.Registration) -> None:
+        self._health = health
+        self._registration = registration
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        self._health.set("group", False, "rebalancing")
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        partitions = {(tp.topic, tp.partition) for tp in assigned}
+        self._registration.assigned(partitions)
+        self._health.set("group", True, f"{len(partitions)} partitions")
+        logger.info(
+            "partitions assigned: %s",
+            ",".join(f"{t}[{p}]" for t, p in sorted(partitions)) or "none",
+        )
 
 
 class OutcomesWorker:
@@ -60,6 +88,7 @@ class OutcomesWorker:
         clock_ms: Callable[[], int] = clock.now_ms,
         close_every_s: float = 1.0,
         export_every_s: float | None = None,
+        health: Health | None = None,
     ) -> None:
         if not settings.served_log_topic:
             raise ConfigError(
@@ -68,6 +97,9 @@ class OutcomesWorker:
             )
         self.settings = settings
         self.metrics = OutcomeMetrics(registry)
+        self.health = health if health is not None else Health(READY_CHECKS)
+        self.client_id = groups.client_id("outcomes", settings.kafka_group_instance_id)
+        self._registration: groups.Registration | None = None
         self.config = JoinConfig.from_settings(settings)
         self._limits = Limits.from_settings(settings)
         self._actions = frozenset(settings.outcome_actions)
@@ -98,15 +130,19 @@ class OutcomesWorker:
         self._store = OutcomeStore(redis=self._redis)
         topics = [s.served_log_topic, s.topic_clicks]
         self._producer = kafka.producer(s, acks="all", linger_ms=5)
+        self._registration = groups.Registration(
+            redis=self._redis, group=s.outcomes_group_id, member=self.client_id, kind="outcomes"
+        )
         self._consumer = kafka.consumer(
             s,
-            *topics,
             group_id=s.outcomes_group_id,
+            client_id=self.client_id,
             **kafka.group_kwargs(s),
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_poll_records=s.outcomes_batch_max,
         )
+        self._consumer.subscribe(topics, listener=_Membership(self.health, self._registration))
         try:
             wanted = (*topics, s.topic_dead_letters) + (
                 (s.outcomes_topic,) if s.outcomes_topic else ()
@@ -120,7 +156,9 @@ class OutcomesWorker:
                 f"cannot reach Kafka at {s.kafka_bootstrap}: {exc}; is the stack up?"
             ) from exc
         self._tasks = [
-            asyncio.create_task(self._every(self._close_every_s, self.close_due), name="closer")
+            asyncio.create_task(self._every(self._close_every_s, self.close_due), name="closer"),
+            asyncio.create_task(health.watch(self.health, redis=self._redis), name="health"),
+            asyncio.create_task(self._registration.run(), name="group-registry"),
         ]
         if self._export_every_s > 0:
             self._tasks.append(
@@ -157,6 +195,9 @@ class OutcomesWorker:
             if client is not None:
                 with contextlib.suppress(Exception):  # stopping: nothing left to lose
                     await client.stop()
+        if self._registration is not None:
+            await self._registration.withdraw()
+            self._registration = None
         if self._redis is not None:
             await self._redis.aclose()
         self._consumer = self._producer = self._redis = None

@@ -29,8 +29,9 @@ class ScoringMetrics:
         r = self.registry
         self.requests = Counter(
             "streamrank_scoring_requests",
-            "Rank requests answered, by outcome (ok, degraded, error) and reason.",
-            ["outcome", "reason"],
+            "Rank requests answered, by outcome (ok, degraded, error), reason and the topic the "
+            "reply went to.",
+            ["outcome", "reason", "topic"],
             registry=r,
         )
         self.latency = Histogram(
@@ -82,12 +83,74 @@ class ScoringMetrics:
         self.version_switches = Counter(
             "streamrank_scoring_version_switches", "Serving version changes applied.", registry=r
         )
+        self.model_info = Gauge(
+            "streamrank_scoring_model_info",
+            "1 for each model version this worker serves, with its item table's encoding.",
+            ["version", "encoding"],
+            registry=r,
+        )
+        self.model_loaded = Gauge(
+            "streamrank_scoring_model_loaded",
+            "1 once a model version is loaded and serving, 0 before (replies are degraded "
+            "no_model meanwhile).",
+            registry=r,
+        )
+        self.consumer_lag = Gauge(
+            "streamrank_scoring_consumer_lag",
+            "Requests behind the partition's high watermark after the last answered batch.",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.commits = Counter(
+            "streamrank_scoring_commits",
+            "Offset commits of answered requests, by result (ok, failed).",
+            ["result"],
+            registry=r,
+        )
+        self.rebalances = Counter(
+            "streamrank_scoring_rebalances",
+            "Consumer-group rebalances this worker went through (each new assignment).",
+            registry=r,
+        )
+        self.last_rebalance = Gauge(
+            "streamrank_scoring_last_rebalance_seconds",
+            "Duration of the last rebalance: partitions revoked (or the join started) until the "
+            "new assignment arrived.",
+            registry=r,
+        )
+        self.assigned_partitions = Gauge(
+            "streamrank_scoring_assigned_partitions",
+            "Partitions of the request topic this worker owns now.",
+            registry=r,
+        )
         self._versions: set[str] = set()
+        self._encodings: dict[str, str] = {}
+        self._lag_partitions: set[tuple[str, str]] = set()
 
-    def observe_reply(self, *, degraded: bool, reason: str | None, error: bool) -> None:
+    def observe_reply(
+        self, *, degraded: bool, reason: str | None, error: bool, topic: str = ""
+    ) -> None:
         outcome = "error" if error else "degraded" if degraded else "ok"
         code = (reason or "").split(":", 1)[0]
-        self.requests.labels(outcome, code).inc()
+        self.requests.labels(outcome, code, topic).inc()
+
+    def set_lag(self, topic: str, partition: int, lag: int) -> None:
+        self._lag_partitions.add((topic, str(partition)))
+        self.consumer_lag.labels(topic, str(partition)).set(lag)
+
+    def assigned(self, partitions: set[tuple[str, int]], *, rebalance_s: float) -> None:
+        """A new assignment: lag rows of partitions this worker no longer owns go."""
+        mine = {(t, str(p)) for t, p in partitions}
+        for labels in self._lag_partitions - mine:
+            self.consumer_lag.remove(*labels)
+        self._lag_partitions &= mine
+        self.rebalances.inc()
+        self.last_rebalance.set(rebalance_s)
+        self.assigned_partitions.set(len(partitions))
+
+    def model_encoding(self, version: str, encoding: str) -> None:
+        """The encoding of a loaded version's item table (for ``model_info``)."""
+        self._encodings[version] = encoding
 
     def observe_stages(self, timings_ms: Mapping[str, float]) -> None:
         for stage, value in timings_ms.items():
@@ -95,8 +158,11 @@ class ScoringMetrics:
                 self.stage_latency.labels(stage).observe(value / 1000.0)
 
     def set_split(self, split: tuple[tuple[str, float], ...]) -> None:
+        self.model_info.clear()
         for version in self._versions - {v for v, _ in split}:
             self.model_active.remove(version)
         for version, weight in split:
             self.model_active.labels(version).set(weight)
+            self.model_info.labels(version, self._encodings.get(version, "unknown")).set(1)
         self._versions = {v for v, _ in split}
+        self.model_loaded.set(1 if split else 0)

@@ -36,17 +36,21 @@ from schemas import (
 from scoring.serving import replies
 from scoring.serving.breaker import CircuitBreaker
 from scoring.serving.metrics import ScoringMetrics
-from scoring.serving.offsets import OffsetBook, first_offsets, rewind_targets
+from scoring.serving.offsets import OffsetBook, first_offsets, last_offsets, rewind_targets
 from scoring.serving.protocols import EmbeddingSource, FeatureSource
+from scoring.serving.rebalance import RebalanceListener
 from scoring.serving.service import Incoming, Ranked, RankService
 from scoring.serving.watcher import Loader, RecentIds, VersionWatcher
-from streamrank import clock, kafka
+from streamrank import clock, groups, health, kafka, logs
 from streamrank.errors import UNDECODABLE_BATCH, ContractError, KafkaUnavailable, internal_error
+from streamrank.health import Health
 from streamrank.kafka_guard import UndecodableBatch
 from streamrank.redis_client import redis_client
 from streamrank.settings import Settings
 
 logger = logging.getLogger(__name__)
+
+READY_CHECKS = ("group", "model", "redis")  # what /readyz waits for
 
 
 @dataclass(slots=True)
@@ -62,6 +66,7 @@ class _Triage:
     what is answered without ranking."""
 
     valid: list[Incoming] = field(default_factory=list)
+    records: list[ConsumerRecord[Any, Any]] = field(default_factory=list)  # aligned with valid
     topics: list[str] = field(default_factory=list)
     deadlines: list[int] = field(default_factory=list)
     outgoing: list[_Outgoing] = field(default_factory=list)
@@ -77,7 +82,7 @@ def configure_torch(settings: Settings) -> None:
 
 
 def real_dependencies(
-    settings: Settings, redis: aioredis.Redis, registry: CollectorRegistry
+    settings: Settings, redis: aioredis.Redis, metrics: ScoringMetrics
 ) -> tuple[FeatureSource, EmbeddingSource, Loader]:
     """The production feature reader, cached embedding store and DIN scorer loader."""
     from scoring.embeddings.cache import CachedEmbeddings
@@ -87,11 +92,12 @@ def real_dependencies(
 
     features = FeatureReader(redis=redis, settings=settings)
     embeddings = CachedEmbeddings.from_settings(
-        store=EmbeddingStore(redis=redis), settings=settings, registry=registry
+        store=EmbeddingStore(redis=redis), settings=settings, registry=metrics.registry
     )
 
     async def loader(version: str) -> Any:
-        scorer, _config = await load_scorer_from_redis(redis, version)
+        scorer, config = await load_scorer_from_redis(redis, version)
+        metrics.model_encoding(version, str(config.get("encoding", "unknown")))
         return scorer
 
     return features, embeddings, loader
@@ -108,10 +114,16 @@ class ScoringWorker:
         features: FeatureSource | None = None,
         embeddings: EmbeddingSource | None = None,
         loader: Loader | None = None,
+        health: Health | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = ScoringMetrics(registry)
+        self.health = health if health is not None else Health(READY_CHECKS)
         self._group_id = settings.scoring_group_id
+        self.client_id = groups.client_id("scoring", settings.kafka_group_instance_id)
+        self._registration: groups.Registration | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._revoked_at: float | None = None
         self._limits = Limits.from_settings(settings)
         self._injected = (features, embeddings, loader)
         self._redis: aioredis.Redis | None = None
@@ -135,7 +147,7 @@ class ScoringWorker:
         self._redis = redis_client(s)
         features, embeddings, loader = self._injected
         if features is None or embeddings is None or loader is None:
-            features, embeddings, loader = real_dependencies(s, self._redis, self.metrics.registry)
+            features, embeddings, loader = real_dependencies(s, self._redis, self.metrics)
         breaker = CircuitBreaker(failures=s.breaker_failures, cooldown_s=s.breaker_cooldown_s)
         recent = RecentIds(s.cache_warm_top_k)
         self.watcher = VersionWatcher(
@@ -165,17 +177,32 @@ class ScoringWorker:
         except Exception as exc:  # Redis down at start: serve degraded until it answers
             logger.warning("could not read the model pointer at start (%s); will retry", exc)
         self.watcher.start()
+        self._registration = groups.Registration(
+            redis=self._redis, group=self._group_id, member=self.client_id, kind="scoring"
+        )
+        self._tasks = [
+            asyncio.create_task(
+                health.watch(self.health, redis=self._redis, checks={"model": self._model_check}),
+                name="health",
+            ),
+            asyncio.create_task(self._registration.run(), name="group-registry"),
+        ]
         self._producer = kafka.producer(s, acks="all", linger_ms=1)
         self._consumer = kafka.consumer(
             s,
-            s.topic_requests,
             group_id=self._group_id,
+            client_id=self.client_id,
             **kafka.group_kwargs(s),
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_poll_records=s.scoring_batch_max,
             fetch_max_wait_ms=s.scoring_fetch_wait_ms,
         )
+        self._consumer.subscribe(
+            [s.topic_requests],
+            listener=RebalanceListener(on_assigned=self._on_assigned, on_revoked=self._on_revoked),
+        )
+        self._revoked_at = time.monotonic()  # the first join counts as a rebalance too
         try:
             await self._producer.start()
             await self._consumer.start()
@@ -204,9 +231,46 @@ class ScoringWorker:
             if client is not None:
                 with contextlib.suppress(Exception):
                     await client.stop()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        if self._registration is not None:
+            await self._registration.withdraw()
+            self._registration = None
         if self._redis is not None:
             await self._redis.aclose()
         self._consumer = self._producer = self._redis = None
+
+    def _model_check(self) -> tuple[bool, str]:
+        serving = self.watcher.describe() if self.watcher is not None else "nothing"
+        return serving != "nothing", f"serving {serving}"
+
+    # --- group membership -------------------------------------------------------------------
+
+    async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        self._revoked_at = time.monotonic()
+        self.health.set("group", False, "rebalancing")
+        logger.info(
+            "partitions revoked: %s",
+            ",".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(revoked)) or "none",
+        )
+
+    async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        took = time.monotonic() - self._revoked_at if self._revoked_at is not None else 0.0
+        self._revoked_at = None
+        partitions = {(tp.topic, tp.partition) for tp in assigned}
+        self.metrics.assigned(partitions, rebalance_s=took)
+        if self._registration is not None:
+            self._registration.assigned(partitions)
+        self.health.set(
+            "group", True, f"{len(partitions)} partitions of {self.settings.topic_requests}"
+        )
+        logger.info(
+            "partitions assigned after %.1fs: %s",
+            took,
+            ",".join(f"{t}[{p}]" for t, p in sorted(partitions)) or "none",
+        )
 
     async def __aenter__(self) -> ScoringWorker:
         await self.start()
@@ -290,7 +354,7 @@ class ScoringWorker:
             if triage.valid
             else []
         )
-        outgoing = triage.outgoing + self._replies(triage.topics, ranked)
+        outgoing = triage.outgoing + self._replies(triage, ranked)
         produced = await self._produce(outgoing, records)
         if after is not None:
             await after  # offsets are committed in order
@@ -304,8 +368,21 @@ class ScoringWorker:
             self.metrics.latency.observe(max(0.0, acked - incoming.produced_ms) / 1000.0)
         self.metrics.batch_size.observe(len(records))
         await self._commit(records)
+        self._observe_lag(records)
         self.batches += 1
         return True
+
+    def _observe_lag(self, records: Sequence[ConsumerRecord[Any, Any]]) -> None:
+        """Requests behind each partition's high watermark once this batch is answered (only
+        for partitions still assigned: a rebalance may have moved some while it was scored)."""
+        assert self._consumer is not None
+        assigned = self._consumer.assignment()
+        for tp, last in last_offsets(records).items():
+            if tp not in assigned:
+                continue
+            highwater = self._consumer.highwater(tp)
+            if highwater is not None:
+                self.metrics.set_lag(tp.topic, tp.partition, max(0, highwater - (last + 1)))
 
     def _triage(self, records: Sequence[ConsumerRecord[Any, Any]], *, received: int) -> _Triage:
         """Decode each record: a valid request is to be ranked; anything else is answered now
@@ -327,7 +404,7 @@ class ScoringWorker:
                         detail,
                         now_ms=received,
                     )
-                    out.outgoing.append(self._reply(s.topic_results, result))
+                    out.outgoing.append(self._reply(s.topic_results, result, record))
                     continue
                 deadline = replies.deadline_ms(
                     request, produced_ms=int(record.timestamp), budget_ms=s.scoring_budget_ms
@@ -339,16 +416,17 @@ class ScoringWorker:
                 out.outgoing.extend(self._reject(record, error, received))
                 continue
             out.valid.append(Incoming(request, int(record.timestamp), received))
+            out.records.append(record)
             out.topics.append(topic)
             out.deadlines.append(deadline)
         return out
 
-    def _replies(self, topics: Sequence[str], ranked: Sequence[Ranked]) -> list[_Outgoing]:
+    def _replies(self, triage: _Triage, ranked: Sequence[Ranked]) -> list[_Outgoing]:
         """The replies of ranked requests, and their served-log records when logging."""
         log_topic = self.settings.served_log_topic
         out: list[_Outgoing] = []
-        for topic, item in zip(topics, ranked, strict=True):
-            out.append(self._reply(topic, item.result))
+        for topic, record, item in zip(triage.topics, triage.records, ranked, strict=True):
+            out.append(self._reply(topic, item.result, record))
             if item.served is not None and log_topic:
                 key = item.result.request_id.encode()
                 out.append(_Outgoing(log_topic, key, orjson.dumps(item.served)))
@@ -363,11 +441,28 @@ class ScoringWorker:
             )
         return decode_request(record.value, self._limits)
 
-    def _reply(self, topic: str, result: RankResult) -> _Outgoing:
+    def _reply(self, topic: str, result: RankResult, record: ConsumerRecord[Any, Any]) -> _Outgoing:
         error = replies.is_error_reply(result)
-        self.metrics.observe_reply(degraded=result.degraded, reason=result.reason, error=error)
+        self.metrics.observe_reply(
+            degraded=result.degraded, reason=result.reason, error=error, topic=topic
+        )
         if not error:
             self.metrics.observe_stages(result.timings_ms)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "reply to %s on %s: %s",
+                result.request_id,
+                topic,
+                "error" if error else result.reason or "ok",
+                extra={
+                    **logs.request_fields(result.request_id, result.user_id, result.model_version),
+                    **logs.record_fields(record.topic, record.partition, record.offset),
+                    "reply_topic": topic,
+                    "degraded": result.degraded,
+                    "reason": result.reason,
+                    "total_ms": result.timings_ms.get("total"),
+                },
+            )
         return _Outgoing(topic, result.request_id.encode(), result.to_json())
 
     def _reject(
@@ -377,7 +472,18 @@ class ScoringWorker:
         s = self.settings
         self.metrics.dead_letters.labels(exc.reason).inc()
         logger.info(
-            "dead-lettering %s[%s]@%s: %s", record.topic, record.partition, record.offset, exc
+            "dead-lettering %s[%s]@%s: %s",
+            record.topic,
+            record.partition,
+            record.offset,
+            exc,
+            extra={
+                **logs.request_fields(
+                    peek_request_id(record.value), peek_field(record.value, "user_id")
+                ),
+                **logs.record_fields(record.topic, record.partition, record.offset),
+                "reason": exc.reason,
+            },
         )
         letter = DeadLetter.rejected(record, exc, at=at)
         out = [_Outgoing(s.topic_dead_letters, record.key or b"", letter.to_json())]
@@ -394,7 +500,7 @@ class ScoringWorker:
                 default=s.topic_results,
                 allowed=s.reply_topics_allowed,
             )
-            out.append(self._reply(topic or s.topic_results, result))
+            out.append(self._reply(topic or s.topic_results, result, record))
         return out
 
     async def _produce(
@@ -442,4 +548,7 @@ class ScoringWorker:
         except (CommitFailedError, KafkaError) as exc:
             # The replies are out; a rebalance means another member may answer these again,
             # which clients tolerate (duplicates are dropped).
+            self.metrics.commits.labels("failed").inc()
             logger.warning("offset commit failed (%s); some requests may be answered twice", exc)
+        else:
+            self.metrics.commits.labels("ok").inc()

@@ -38,6 +38,12 @@ def _model() -> ModuleType:
     return model
 
 
+def _rebalance() -> ModuleType:
+    from streamrank.bench import rebalance
+
+    return rebalance
+
+
 def _codecs() -> ModuleType:
     from streamrank.bench import codecs
 
@@ -60,6 +66,7 @@ BENCHMARKS: dict[str, tuple[Callable[[], ModuleType], str]] = {
         _rollout,
         "staged rollouts on ml-100k decided by online metrics (good, bad, equal)",
     ),
+    "rebalance": (_rebalance, "reply pauses when consumer-group membership changes"),
 }
 
 

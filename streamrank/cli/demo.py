@@ -57,6 +57,8 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
                 duration_s=args.duration,
                 rate=args.rate,
                 every_s=args.every,
+                request_rate=args.requests,
+                view=args.view,
                 logs=Path(settings.run_dir).resolve() / "demo",
             )
         )
@@ -75,6 +77,16 @@ def register(sub: Any) -> None:
         "--duration", type=float, default=None, help="seconds to run (default: until Ctrl-C)"
     )
     demo.add_argument("--rate", type=float, default=200.0, help="clicks produced per second")
+    demo.add_argument(
+        "--requests", type=float, default=20.0, help="rank requests produced per second"
+    )
+    demo.add_argument(
+        "--view",
+        choices=("top", "user"),
+        default="top",
+        help="top: the live dashboard of `streamrank top` (default); user: one user's sequence "
+        "and ranked candidates every --every seconds",
+    )
     demo.add_argument("--every", type=float, default=3.0, help="seconds between printouts")
     demo.add_argument(
         "--synthetic", action="store_true", help="synthetic clicks even when MovieLens is there"

@@ -14,10 +14,11 @@ from collections.abc import Sequence
 
 import aiokafka.errors
 
-from streamrank import __version__
+from streamrank import __version__, logs
 from streamrank.cli import (
     bench,
     demo,
+    dlq,
     embeddings,
     features,
     lag,
@@ -27,6 +28,8 @@ from streamrank.cli import (
     scoring,
     settings,
     stack,
+    tail,
+    top,
 )
 from streamrank.cli.common import Handler, settings_from_args
 from streamrank.errors import StreamrankError, one_line
@@ -35,7 +38,8 @@ from streamrank.redis_errors import TRANSIENT as REDIS_TRANSIENT
 logger = logging.getLogger("streamrank")
 
 COMMANDS = (
-    stack, demo, bench, settings, lag, embeddings, features, model, scoring, rollout, replay,
+    stack, demo, bench, settings, lag, tail, dlq, top, embeddings, features, model, scoring,
+    rollout, replay,
 )  # fmt: skip
 
 
@@ -63,11 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"streamrank: invalid settings: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=(args.log_level or config.log_level).upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    logs.configure(args.log_level or config.log_level, config.log_format)
     handler: Handler = args.func
     try:
         return handler(args, config)

@@ -38,12 +38,15 @@ def _by() -> str:
 async def serve_outcomes(settings: Settings, metrics_port: int | None) -> None:
     from prometheus_client import CollectorRegistry
 
-    from scoring.rollout.worker import OutcomesWorker
+    from scoring.rollout.worker import READY_CHECKS, OutcomesWorker
+    from streamrank.health import Health
     from streamrank.metrics_http import resolve_port, serve_metrics
 
     registry = CollectorRegistry()
-    worker = OutcomesWorker(settings=settings, registry=registry)
-    server = serve_metrics(registry, resolve_port(metrics_port, settings.metrics_port, "outcomes"))
+    health = Health(READY_CHECKS)
+    worker = OutcomesWorker(settings=settings, registry=registry, health=health)
+    port = resolve_port(metrics_port, settings.metrics_port, "outcomes")
+    server = serve_metrics(registry, port, health=health)
     try:
         async with worker:
             await worker.run()

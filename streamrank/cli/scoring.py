@@ -14,13 +14,15 @@ async def serve(settings: Settings, metrics_port: int | None) -> None:
     """Run one scoring worker until cancelled (SIGINT/SIGTERM via ``run_until_signalled``)."""
     from prometheus_client import CollectorRegistry
 
-    from scoring.serving.worker import ScoringWorker
+    from scoring.serving.worker import READY_CHECKS, ScoringWorker
+    from streamrank.health import Health
     from streamrank.metrics_http import resolve_port, serve_metrics
 
     registry = CollectorRegistry()
+    health = Health(READY_CHECKS)
     port = resolve_port(metrics_port, settings.metrics_port, "scoring")
-    server = serve_metrics(registry, port)
-    worker = ScoringWorker(settings=settings, registry=registry)
+    server = serve_metrics(registry, port, health=health)
+    worker = ScoringWorker(settings=settings, registry=registry, health=health)
     try:
         async with worker:
             await worker.run()

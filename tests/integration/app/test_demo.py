@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 
 from streamrank.devstack.stack import free_port, port_in_use
@@ -32,26 +33,32 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_demo_shows_the_pipeline_and_ctrl_c_stops_everything_it_started(tmp_path: Path) -> None:
+def demo_env(tmp_path: Path, kafka_port: int, redis_port: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRANK_")}
-    kafka_port, redis_port = free_port(), free_port()
     env.update(
         STREAMRANK_RUN_DIR=str(tmp_path / "run"),
         STREAMRANK_STACK_KAFKA_PORT=str(kafka_port),
         STREAMRANK_STACK_REDIS_PORT=str(redis_port),
         STREAMRANK_DATA_DIR=str(tmp_path / "no-data"),  # -> the synthetic model (seconds)
         STREAMRANK_ARTIFACTS_DIR=str(tmp_path / "artifacts"),
-        STREAMRANK_METRICS_PORT="0",
         STREAMRANK_SCORING_BUDGET_MS="5000",  # a loaded CI host must not turn replies degraded
         PYTHONUNBUFFERED="1",
+        COLUMNS="160",
     )
+    return env
+
+
+def test_demo_shows_the_pipeline_and_ctrl_c_stops_everything_it_started(tmp_path: Path) -> None:
+    kafka_port, redis_port = free_port(), free_port()
+    env = demo_env(tmp_path, kafka_port, redis_port)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamrank.cli", "demo", "--every", "1", "--no-progress"],
+        [sys.executable, "-m", "streamrank.cli", "demo", "--view", "user", "--every", "1",
+         "--no-progress"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-    )
+    )  # fmt: skip
     assert proc.stdout is not None
     lines: list[str] = []
     lengths: list[int] = []
@@ -94,3 +101,58 @@ def test_demo_shows_the_pipeline_and_ctrl_c_stops_everything_it_started(tmp_path
     assert out.index("stopped the scoring") < out.index("stopped kafka, redis")
     assert not port_in_use(kafka_port) and not port_in_use(redis_port)
     assert not any(_alive(pid) for pid in pids.values())
+
+
+DASHBOARD_REQUESTS = re.compile(r"rank requests\W+([\d,]+\.\d)\W+([\d,]+\.\d) ms\W+([\d,]+\.\d) ms")
+DASHBOARD_CLICKS = re.compile(r"clicks applied\W+([\d,]+\.\d)")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_demo_shows_the_dashboard_and_tail_follows_its_results_live(tmp_path: Path) -> None:
+    kafka_port, redis_port = free_port(), free_port()
+    env = demo_env(tmp_path, kafka_port, redis_port)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamrank.cli", "demo", "--every", "2", "--no-progress"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    lines: list[str] = []
+    requests = clicks = 0.0
+    tail: subprocess.Popen[str] | None = None
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and not (requests > 0 and clicks > 0):
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if m := DASHBOARD_REQUESTS.search(line):
+                requests = float(m[1].replace(",", ""))
+            if m := DASHBOARD_CLICKS.search(line):
+                clicks = float(m[1].replace(",", ""))
+        text = "".join(lines)
+        assert requests > 0 and clicks > 0, text
+        assert "streamrank demo: features workers up 1/1, scoring workers up 1/1" in text, text
+        assert "consumer lag" in text and "din-" in text
+        assert "streamrank tail rank-results --follow" in text
+        # an analyst follows the results while the demo runs
+        tail = subprocess.Popen(
+            [sys.executable, "-m", "streamrank.cli", "tail", "rank-results", "--follow",
+             "--json"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert tail.stdout is not None
+        first = [orjson.loads(tail.stdout.readline()) for _ in range(30)]
+        assert all(m["topic"] == "rank-results" and m["value"]["request_id"] for m in first)
+        assert len({m["value"]["user_id"] for m in first}) > 5  # many users, not one
+    finally:
+        if tail is not None:
+            tail.send_signal(signal.SIGINT)
+            _, err = tail.communicate(timeout=30)
+            assert tail.returncode == 0 and "messages read from rank-results" in err, err
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "demo: stopped the scoring and features workers (exit codes 0, 0)" in out, out
+    assert not port_in_use(kafka_port) and not port_in_use(redis_port)

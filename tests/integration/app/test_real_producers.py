@@ -5,6 +5,9 @@ broker and Redis and must still be running at the end."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -145,6 +148,19 @@ async def test_every_codec_with_headers_is_applied_answered_and_dead_lettered(
         return all(len(m) == 10 for m in members.values())
 
     await poll(all_applied, timeout_s=60, what="10 clicks of each codec in the sequences")
+
+    # `streamrank tail` reads records of every codec (and prints the poison pills too)
+    shown = await in_thread(
+        subprocess.run,
+        [sys.executable, "-m", "streamrank.cli", "tail", s.topic_clicks, "--from-beginning",
+         "--json"],
+        capture_output=True, env={**os.environ, **s.as_env()}, check=True, timeout=120,
+    )  # fmt: skip
+    tailed = [orjson.loads(line)["value"] for line in shown.stdout.splitlines()]
+    for codec in CODECS:
+        mine = [v for v in tailed if v["user_id"] == users[codec]]
+        assert len(mine) == 11, (codec, len(mine))
+    assert b"44 messages read" in shown.stderr and b"not valid JSON" not in shown.stderr
 
     # Replies and dead letters were produced lz4-compressed by our workers; librdkafka (an
     # independent client) reads them.

@@ -50,4 +50,6 @@ async def test_lag_is_end_offset_minus_committed(
         "end_offset": 7,
         "committed": 5,
         "lag": 2,
+        "owner": None,
+        "host": None,
     }

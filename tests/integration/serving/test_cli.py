@@ -23,6 +23,7 @@ from streamrank.devstack.stack import free_port
 from streamrank.errors import KafkaUnavailable
 from streamrank.settings import Settings
 from streamrank.topics import create_topics
+from tests.integration.support.features import get_json
 from tests.integration.support.scoring import item_ids, publish, train_tiny_artifact, wait_for
 
 pytestmark = pytest.mark.timeout(180)
@@ -86,7 +87,38 @@ async def test_worker_command_rank_command_and_metrics(
                 .decode()
             )
         )
-        assert metric(text, "streamrank_scoring_requests_total", outcome="ok", reason="") == 1.0
+        assert (
+            metric(
+                text,
+                "streamrank_scoring_requests_total",
+                outcome="ok",
+                reason="",
+                topic=settings.topic_results,  # labels in the order /metrics prints them
+            )
+            == 1.0
+        )
+        assert metric(text, "streamrank_scoring_model_info", encoding="int8", version=version) == 1
+        assert metric(text, "streamrank_scoring_model_loaded") == 1.0
+        assert metric(text, "streamrank_scoring_assigned_partitions") == settings.topic_partitions
+        assert metric(text, "streamrank_scoring_rebalances_total") >= 1
+        assert metric(text, "streamrank_scoring_commits_total", result="ok") >= 1
+        lags = [
+            line
+            for line in text.splitlines()
+            if line.startswith("streamrank_scoring_consumer_lag{")
+        ]
+        assert lags and all(line.endswith(" 0.0") for line in lags), lags
+        # beside /metrics: liveness and readiness, with what each check saw
+        status, alive = await asyncio.to_thread(get_json, port, "/healthz")
+        assert status == 200 and alive["status"] == "ok", alive
+        status, body = await asyncio.to_thread(get_json, port, "/readyz")
+        assert status == 200 and body["status"] == "ready", body
+        assert {name: check["ok"] for name, check in body["checks"].items()} == {
+            "group": True,
+            "model": True,
+            "redis": True,
+        }
+        assert version in body["checks"]["model"]["detail"]
         assert metric(text, "streamrank_scoring_model_traffic_share", version=version) == 1.0
         assert metric(text, "streamrank_scoring_breaker_state") == 0.0
         assert metric(text, "streamrank_scoring_request_latency_seconds_count") == 1.0

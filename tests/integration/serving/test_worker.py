@@ -91,7 +91,7 @@ async def test_normal_path_cold_start_and_oov(
     # an unknown item is scored with the table's OOV row: same as any other unknown id
     oov_other = await offline_scores(redis, va, history, ["another-unknown"])
     assert result.scores[3] == pytest.approx(float(oov_other[0]), abs=1e-5)
-    ok = worker.metrics.requests.labels("ok", "")._value.get()
+    ok = worker.metrics.requests.labels("ok", "", settings.topic_results)._value.get()
     assert ok == 2
     assert await committed_total(settings) == 2  # both answered requests are committed
 
@@ -108,7 +108,12 @@ async def test_expired_deadline_gets_a_degraded_reply_without_compute(
         assert result.degraded and result.reason == replies.EXPIRED
         assert result.scores == (0.5, 0.5)
         assert "forward" not in result.timings_ms
-        assert worker.metrics.requests.labels("degraded", "expired")._value.get() == 1
+        assert (
+            worker.metrics.requests.labels(
+                "degraded", "expired", settings.topic_results
+            )._value.get()
+            == 1
+        )
 
 
 async def test_bad_requests_go_to_dead_letters_with_error_replies(
@@ -335,5 +340,35 @@ async def test_batch_fetched_after_a_rewind_commits_normally(
         assert await committed_total(settings) == 3
         # a rewind after the fetch still holds the commit back (the records come again)
         assert await worker.process(records, after=before, rewinds=worker.rewinds - 1) is False
+    finally:
+        await worker.stop()
+
+
+async def test_a_batch_of_a_partition_moved_away_meanwhile_is_answered_without_crashing(
+    make_settings: Callable[..., Settings], unique: str, versions: tuple[str, str]
+) -> None:
+    """A rebalance can take a partition away while one of its batches is being scored: the
+    batch is still answered, and the lag gauge skips the partition (reading its high watermark
+    raised an AssertionError that stopped the worker)."""
+    from aiokafka import ConsumerRecord
+    from prometheus_client import CollectorRegistry
+
+    from schemas import RankRequest
+    from scoring.serving.worker import ScoringWorker
+
+    settings = worker_settings(make_settings, unique)
+    await create_topics(settings)
+    worker = ScoringWorker(settings=settings, registry=CollectorRegistry())
+    await worker.start()
+    try:
+        value = RankRequest(f"r-moved-{unique}", "u1", ("a", "b")).to_json()
+        moved = ConsumerRecord(
+            topic=settings.topic_requests, partition=settings.topic_partitions + 5, offset=0,
+            timestamp=int(time.time() * 1000), timestamp_type=0, key=b"u1", value=value,
+            checksum=None, serialized_key_size=2, serialized_value_size=len(value), headers=(),
+        )  # fmt: skip
+        assert await worker.process([moved]) is True
+        [reply] = await read_topic(settings, settings.topic_results, want=1)
+        assert reply["request_id"] == f"r-moved-{unique}"
     finally:
         await worker.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from streams.reader import FeatureReader
 from tests.integration.support.features import (
     click,
     committed_offsets,
+    get_json,
     metric,
     poll,
     produce,
@@ -50,6 +52,63 @@ async def topic_ends(settings: Settings) -> dict[int, int]:
     finally:
         await consumer.stop()
     return ends
+
+
+def watch_lag(settings: Settings, refreshes: int) -> list[dict]:  # type: ignore[type-arg]
+    """`streamrank lag features --watch 0.5 --json`: that many refreshes, then Ctrl-C."""
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "streamrank.cli", "lag", "features", "--watch", "0.5", "--json"],
+        stdout=subprocess.PIPE, env={**os.environ, **settings.as_env()}, text=True,
+    )  # fmt: skip
+    assert watch.stdout is not None
+    try:
+        return [orjson.loads(watch.stdout.readline()) for _ in range(refreshes)]
+    finally:
+        watch.send_signal(signal.SIGINT)
+        assert watch.wait(30) == 0
+
+
+async def assert_operable(settings: Settings, port: int) -> None:
+    """Beside /metrics: liveness, readiness, the group metrics, and `streamrank lag` naming
+    this worker as the owner of every partition."""
+    status, alive = await asyncio.to_thread(get_json, port, "/healthz")
+    assert status == 200 and alive["status"] == "ok", alive
+    status, ready = await asyncio.to_thread(get_json, port, "/readyz")
+    assert status == 200, ready
+    assert {name: check["ok"] for name, check in ready["checks"].items()} == {
+        "group": True,
+        "redis": True,
+    }
+    samples = await asyncio.to_thread(scrape, port)
+    assert metric(samples, "streamrank_features_assigned_partitions") == settings.topic_partitions
+    assert metric(samples, "streamrank_features_rebalances_total") >= 1
+    assert metric(samples, "streamrank_features_commits_total", result="ok") >= 1
+    shown = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "streamrank.cli", "lag", "features", "--json"],
+        capture_output=True,
+        env={**os.environ, **settings.as_env()},
+        check=True,
+    )
+    info = orjson.loads(shown.stdout)["features"]
+    assert info["total_lag"] == 0 and info["owners_from"] in ("registry", "broker"), info
+    [member] = info["members"]
+    assert member["partitions"] == list(range(settings.topic_partitions))
+    assert member["member"].startswith("streamrank-features-"), member
+    assert {row["owner"] for row in info["partitions"]} == {member["member"]}
+    text = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "streamrank.cli", "lag", "features"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **settings.as_env(), "COLUMNS": "200"},
+        check=True,
+    )
+    assert f"owners from {info['owners_from']}" in text.stdout, text.stdout
+    assert member["member"] in text.stdout
+    # --watch refreshes until Ctrl-C
+    refreshes = await asyncio.to_thread(watch_lag, settings, 3)
+    assert all(r["features"]["members"][0]["member"] == member["member"] for r in refreshes)
 
 
 @pytest.mark.parametrize("path", ["batch", "agent"])
@@ -153,6 +212,8 @@ async def test_worker_applies_forwards_and_dead_letters(
             return await committed_offsets(settings) == ends
 
         await poll(all_committed, timeout_s=15, what="offsets committed up to the end")
+        if path == "batch":
+            await assert_operable(settings, port)
     finally:
         code = worker.stop()
     assert code == 0 or not worker.alive()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -98,6 +99,15 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         for sample in family.samples:
             out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return out
+
+
+def get_json(port: int, path: str) -> tuple[int, Any]:
+    """``(status, JSON body)`` of GET ``path`` on a worker's HTTP port (4xx/5xx included)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+            return answer.status, orjson.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, orjson.loads(exc.read())
 
 
 def metric(samples: dict[Any, float], name: str, **labels: str) -> float:

@@ -58,9 +58,13 @@ def test_compose_commands_exist_and_metrics_ports_match() -> None:
     for name in ("topics", "features", "scoring", "outcomes"):
         command = compose["services"][name]["command"]
         parser.parse_args(command)  # exits (SystemExit) on an unknown command
+    healthcheck_keys = {"test", "interval", "timeout", "retries", "start_period", "start_interval"}
     for kind in ("features", "scoring", "outcomes"):
         env = compose["services"][kind]["environment"]
         assert env["STREAMRANK_METRICS_PORT"] == str(DEFAULT_PORTS[kind])
+        check = compose["services"][kind]["healthcheck"]
+        assert set(check) <= healthcheck_keys, set(check)
+        assert f"127.0.0.1:{DEFAULT_PORTS[kind]}/readyz" in " ".join(check["test"])
     prometheus = load_all(ROOT / "deploy/prometheus/prometheus.yml")[0]
     ports = {
         job["job_name"]: job["dns_sd_configs"][0]["port"] for job in prometheus["scrape_configs"]
@@ -68,17 +72,174 @@ def test_compose_commands_exist_and_metrics_ports_match() -> None:
     assert ports == {f"streamrank-{k}": p for k, p in DEFAULT_PORTS.items()}
 
 
-def test_kubernetes_workers_run_real_commands_on_their_metrics_ports() -> None:
+K8S = ROOT / "deploy/k8s"
+K8S_FILES = sorted(K8S.rglob("*.yaml"))
+
+
+def k8s_docs() -> list[tuple[Path, Any]]:
+    return [(path, doc) for path in K8S_FILES for doc in load_all(path)]
+
+
+def worker(kind: str) -> dict[str, Any]:
+    return next(d for d in load_all(K8S / f"{kind}.yaml") if d["kind"] == "StatefulSet")
+
+
+def test_kubernetes_workers_run_real_commands_with_probes_on_their_metrics_ports() -> None:
     parser = build_parser()
     for kind in ("features", "scoring", "outcomes"):
-        deployment = next(
-            d for d in load_all(ROOT / f"deploy/k8s/{kind}.yaml") if d["kind"] == "Deployment"
-        )
-        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        statefulset = worker(kind)
+        container = statefulset["spec"]["template"]["spec"]["containers"][0]
         parser.parse_args(container["args"])
         assert container["ports"][0]["containerPort"] == DEFAULT_PORTS[kind]
-        selector = deployment["spec"]["selector"]["matchLabels"]
-        assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
-    kustomization = load_all(ROOT / "deploy/k8s/kustomization.yaml")[0]
+        selector = statefulset["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= statefulset["spec"]["template"]["metadata"]["labels"].items()
+        assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        assert container["startupProbe"]["httpGet"]["path"] == "/healthz"
+        assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        env = {e["name"]: e for e in container["env"]}
+        # static membership: the pod name, and a session that outlasts a restart
+        assert env["STREAMRANK_KAFKA_GROUP_INSTANCE_ID"]["valueFrom"] == {
+            "fieldRef": {"fieldPath": "metadata.name"}
+        }
+        assert int(env["STREAMRANK_KAFKA_SESSION_TIMEOUT_MS"]["value"]) >= 10_000
+        # a PodDisruptionBudget for each worker kind, selecting its pods
+        [pdb] = [d for d in load_all(K8S / f"{kind}.yaml") if d["kind"] == "PodDisruptionBudget"]
+        assert pdb["spec"]["selector"]["matchLabels"] == selector
+
+
+@pytest.mark.parametrize("directory", ["", "keda", "hpa"])
+def test_every_kustomization_resource_exists(directory: str) -> None:
+    kustomization = load_all(K8S / directory / "kustomization.yaml")[0]
     for resource in kustomization["resources"]:
-        assert (ROOT / "deploy/k8s" / resource).exists()
+        assert (K8S / directory / resource).exists(), resource
+
+
+BUILT_IN = ("v1", "apps/v1", "policy/v1", "autoscaling/v2", "batch/v1")
+
+
+@pytest.mark.parametrize(
+    ("path", "doc"),
+    [(p, d) for p, d in k8s_docs() if d["apiVersion"] in BUILT_IN],
+    ids=lambda v: v.name if isinstance(v, Path) else f"{v['kind']}/{v['metadata']['name']}",
+)
+def test_kubernetes_objects_match_the_kubernetes_schemas(path: Path, doc: Any) -> None:
+    import kubernetes_validate
+
+    # strict: an unknown or misspelt field fails, as the API server would refuse it
+    kubernetes_validate.validate(doc, "1.30", strict=True)
+
+
+# KEDA's ScaledObject is a CRD (no schema in kubernetes-validate): the fields we use, checked one
+# by one against KEDA's documented spec (keda.sh/v1alpha1), unknown ones refused.
+_STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+SCALED_OBJECT = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "kind": {"const": "ScaledObject"},
+        "metadata": {"type": "object", "required": ["name"]},
+        "spec": {
+            "type": "object",
+            "required": ["scaleTargetRef", "triggers"],
+            "additionalProperties": False,
+            "properties": {
+                "scaleTargetRef": {
+                    "type": "object",
+                    "required": ["name"],
+                    "additionalProperties": False,
+                    "properties": {
+                        n: {"type": "string"}
+                        for n in ("apiVersion", "kind", "name", "envSourceContainerName")
+                    },
+                },
+                **{
+                    n: {"type": "integer", "minimum": 0}
+                    for n in (
+                        "minReplicaCount",
+                        "maxReplicaCount",
+                        "idleReplicaCount",
+                        "pollingInterval",
+                        "cooldownPeriod",
+                        "initialCooldownPeriod",
+                    )
+                },
+                "advanced": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "restoreToOriginalReplicaCount": {"type": "boolean"},
+                        "horizontalPodAutoscalerConfig": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "properties": {
+                                "name": {"type": "string"},
+                                "behavior": {"type": "object"},
+                            },
+                        },
+                    },
+                },
+                "triggers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["type", "metadata"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "type": {"type": "string"},
+                            "name": {"type": "string"},
+                            "metadata": _STRING_MAP,
+                            "authenticationRef": {"type": "object"},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+KAFKA_TRIGGER_FIELDS = {
+    "bootstrapServers", "consumerGroup", "topic", "lagThreshold", "activationLagThreshold",
+    "offsetResetPolicy", "allowIdleConsumers", "scaleToZeroOnInvalidOffset",
+    "excludePersistentLag", "limitToPartitionsWithLag", "partitionLimitation", "version",
+    "sasl", "tls",
+}  # fmt: skip
+
+
+def test_keda_scaled_objects_scale_each_worker_on_its_group_lag_up_to_the_partition_count() -> None:
+    import jsonschema
+
+    settings = dict(load_all(K8S / "configmap.yaml")[0]["data"])
+    partitions = int(settings["STREAMRANK_TOPIC_PARTITIONS"])
+    defaults = Settings()
+    expected = {
+        "streamrank-features": (defaults.features_app_id, defaults.topic_clicks),
+        "streamrank-scoring": (defaults.scoring_group_id, defaults.topic_requests),
+    }
+    scaled = load_all(K8S / "keda/scaledobjects.yaml")
+    assert {d["spec"]["scaleTargetRef"]["name"] for d in scaled} == set(expected)
+    for doc in scaled:
+        jsonschema.validate(doc, SCALED_OBJECT)
+        spec = doc["spec"]
+        target = spec["scaleTargetRef"]
+        assert worker(target["name"].removeprefix("streamrank-"))["kind"] == target["kind"]
+        assert spec["maxReplicaCount"] == partitions
+        assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
+        [trigger] = spec["triggers"]
+        assert trigger["type"] == "kafka"
+        assert set(trigger["metadata"]) <= KAFKA_TRIGGER_FIELDS, set(trigger["metadata"])
+        group, topic = expected[target["name"]]
+        assert trigger["metadata"]["consumerGroup"] == group
+        assert trigger["metadata"]["topic"] == topic
+        assert trigger["metadata"]["bootstrapServers"] == settings["STREAMRANK_KAFKA_BOOTSTRAP"]
+        assert int(trigger["metadata"]["lagThreshold"]) > 0
+    for hpa in load_all(K8S / "hpa/hpa.yaml"):
+        assert hpa["spec"]["maxReplicas"] == partitions
+        kind = hpa["spec"]["scaleTargetRef"]["name"].removeprefix("streamrank-")
+        assert worker(kind)["kind"] == hpa["spec"]["scaleTargetRef"]["kind"]
+
+
+def test_every_kubernetes_object_is_checked_by_a_schema() -> None:
+    kinds = {d["apiVersion"] for _p, d in k8s_docs()}
+    assert kinds <= {*BUILT_IN, "keda.sh/v1alpha1", "kustomize.config.k8s.io/v1beta1"}, kinds

@@ -1,0 +1,84 @@
+"""/healthz and /readyz: 200 only when the loop beats and every readiness check passes; 503
+with a JSON body saying which check fails, served beside /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import orjson
+from prometheus_client import CollectorRegistry, Counter
+
+from streamrank.health import Health, ping, watch
+from streamrank.metrics_http import wsgi_app
+
+
+def get(app: Any, path: str) -> tuple[str, Any]:
+    answer: dict[str, str] = {}
+
+    def start_response(status: str, headers: list[tuple[str, str]]) -> None:
+        answer["status"] = status
+
+    body = b"".join(app({"PATH_INFO": path, "REQUEST_METHOD": "GET", "QUERY_STRING": ""},
+                        start_response))  # fmt: skip
+    return answer["status"], body
+
+
+def test_readiness_waits_for_every_check_and_says_which_fails() -> None:
+    health = Health(("group", "redis"))
+    app = wsgi_app(CollectorRegistry(), health)
+    status, body = get(app, "/readyz")
+    assert status.startswith("503")
+    assert orjson.loads(body)["checks"]["group"] == {"ok": False, "detail": "not yet"}
+    health.set("group", True, "4 partitions")
+    health.set("redis", True, "PING 0.2 ms")
+    status, body = get(app, "/readyz")
+    assert status.startswith("200") and orjson.loads(body)["status"] == "ready"
+    health.set("redis", False, "no answer")
+    assert get(app, "/readyz")[0].startswith("503")
+    assert get(app, "/healthz")[0].startswith("200")  # alive, only not ready
+
+
+def test_a_stalled_loop_fails_liveness_and_readiness() -> None:
+    health = Health(("group",), stall_s=0.05)
+    health.set("group", True)
+    app = wsgi_app(CollectorRegistry(), health)
+    assert get(app, "/healthz")[0].startswith("200")
+    time.sleep(0.1)
+    status, body = get(app, "/healthz")
+    assert status.startswith("503") and orjson.loads(body)["status"] == "stalled"
+    assert orjson.loads(get(app, "/readyz")[1])["checks"]["event_loop"]["ok"] is False
+    health.beat()
+    assert get(app, "/healthz")[0].startswith("200")
+
+
+def test_other_paths_are_the_metrics() -> None:
+    registry = CollectorRegistry()
+    Counter("streamrank_test_things", "things", registry=registry).inc()
+    status, body = get(wsgi_app(registry, Health(())), "/metrics")
+    assert status.startswith("200") and b"streamrank_test_things_total 1.0" in body
+
+
+class Redis:
+    def __init__(self, fail: BaseException | None) -> None:
+        self.fail = fail
+
+    async def ping(self) -> bool:
+        if self.fail is not None:
+            raise self.fail
+        return True
+
+
+async def test_watch_beats_and_pings() -> None:
+    health = Health(("redis", "model"), stall_s=5)
+    task = asyncio.create_task(
+        watch(health, redis=Redis(None), checks={"model": lambda: (True, "v1")}, every_s=0.01)
+    )
+    await asyncio.sleep(0.05)
+    task.cancel()
+    ok, body = health.readiness()
+    assert ok and body["checks"]["model"]["detail"] == "v1"
+    await ping(health, Redis(ConnectionError("refused")), timeout_s=1)
+    ok, body = health.readiness()
+    assert not ok and "refused" in body["checks"]["redis"]["detail"]
