@@ -286,7 +286,8 @@ def register(sub: Any) -> None:
                        help=f"checks, comma-separated (default {DEFAULT_GUARD.replace('%', '%%')}): auc, gauc, "
                        "ctr1, ctr5, ctr10, mrr:MARGIN (new not worse than old by more than "
                        "MARGIN at 95%% confidence); p99:MS and degraded:SHARE for the new "
-                       "version alone")  # fmt: skip
+                       "version alone; slower:MS (new p99 over old p99 by more than MS, "
+                       "same window)")  # fmt: skip
     start.add_argument("--no-drive", action="store_true",
                        help="only start it; `streamrank rollout drive` drives it")  # fmt: skip
     driver_options(start)
