@@ -36,7 +36,8 @@ unit: setup
 test: setup lint typecheck
 	$(BIN)/pytest -q -m "not slow"
 
-# Tests marked slow (minutes each: the consumer-group scale test, ...); CI runs them too.
+# Tests marked slow (minutes each: faults under load, hostile input, the short soak, the
+# consumer-group scale test, ...); CI runs them too (see docs/reliability.md).
 test-slow: setup
 	$(BIN)/pytest -q -m slow
 

@@ -17,6 +17,7 @@ import orjson
 
 from schemas.messages import (
     ACTIONS,
+    DEAD_LETTER_MAX_BYTES,
     DEFAULT_LIMITS,
     Action,
     ClickEvent,
@@ -197,9 +198,13 @@ def decode_request(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> RankReq
     )
 
 
-def peek_field(raw: bytes | str | None, name: str) -> str | None:
+def peek_field(
+    raw: bytes | str | None, name: str, *, max_length: int = DEFAULT_LIMITS.max_id_length
+) -> str | None:
     """Best-effort string field of a message that failed validation (e.g. to send an error
-    reply to its ``request_id`` on its ``reply_to``)."""
+    reply to its ``request_id`` on its ``reply_to``); None when it is missing, not a string,
+    holds a control character or is longer than ``max_length`` (an error reply must not carry
+    a megabyte id)."""
     if not raw:
         return None
     try:
@@ -207,12 +212,16 @@ def peek_field(raw: bytes | str | None, name: str) -> str | None:
     except orjson.JSONDecodeError:
         return None
     value = obj.get(name) if isinstance(obj, dict) else None
-    return value if isinstance(value, str) and value and not _CONTROL.search(value) else None
+    if not isinstance(value, str) or not value or len(value) > max_length:
+        return None
+    return None if _CONTROL.search(value) else value
 
 
-def peek_request_id(raw: bytes | str | None) -> str | None:
+def peek_request_id(
+    raw: bytes | str | None, *, max_length: int = DEFAULT_LIMITS.max_id_length
+) -> str | None:
     """Best-effort request_id of a message that failed validation, to send an error reply."""
-    return peek_field(raw, "request_id")
+    return peek_field(raw, "request_id", max_length=max_length)
 
 
 def decode_result(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> RankResult:
@@ -282,10 +291,10 @@ def _headers(value: Any) -> tuple[dict[str, Any], ...]:
 
 
 def decode_dead_letter(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> DeadLetter:
-    """Parse one DeadLetter (used by tooling and tests)."""
-    obj = _load_object(
-        raw, Limits(limits.max_message_bytes * 2, limits.max_items, limits.max_id_length)
-    )
+    """Parse one DeadLetter (used by tooling and tests): as large as :meth:`DeadLetter.wrap`
+    makes one (the record's bytes, base64 at worst, up to its truncation, and headers)."""
+    largest = max(limits.max_message_bytes * 2, DEAD_LETTER_MAX_BYTES)
+    obj = _load_object(raw, Limits(largest, limits.max_items, limits.max_id_length))
     for name in ("source_topic", "error", "payload"):
         if not isinstance(obj.get(name), str):
             raise ContractError(f"field '{name}' must be a string", field=name, reason="bad_type")

@@ -110,6 +110,29 @@ class SourceRecord(Protocol):
     def headers(self) -> KafkaHeaders: ...
 
 
+# What a dead letter keeps of its record (it must fit in a Kafka message: ~1 MB by default).
+DEAD_LETTER_PAYLOAD_BYTES = 256 * 1024
+DEAD_LETTER_HEADER_BYTES = 4 * 1024
+DEAD_LETTER_HEADERS = 64
+# The most a dead letter can weigh: payload and header values base64-encoded, and the rest.
+DEAD_LETTER_MAX_BYTES = (
+    DEAD_LETTER_PAYLOAD_BYTES + DEAD_LETTER_HEADERS * DEAD_LETTER_HEADER_BYTES
+) * 4 // 3 + 64 * 1024
+
+
+def _utf8_prefix(raw: bytes, limit: int) -> bytes:
+    """The first ``limit`` bytes, less a UTF-8 character cut in two at the end (so text stays
+    text)."""
+    cut = raw[:limit]
+    for trim in range(4):
+        try:
+            (cut[: len(cut) - trim] if trim else cut).decode("utf-8")
+            return cut[: len(cut) - trim] if trim else cut
+        except UnicodeDecodeError:
+            continue
+    return cut  # not text at all: base64 either way
+
+
 def _text_or_base64(raw: bytes) -> tuple[str, Literal["utf-8", "base64"]]:
     try:
         return raw.decode("utf-8"), "utf-8"
@@ -162,10 +185,30 @@ class DeadLetter:
         headers: KafkaHeaders | None = None,
     ) -> DeadLetter:
         """Keep the original bytes (as text when they are valid UTF-8, else base64) and
-        headers."""
-        text, encoding = _text_or_base64(bytes(raw or b""))
+        headers. A payload over :data:`DEAD_LETTER_PAYLOAD_BYTES` keeps its first bytes only
+        (and a header value over :data:`DEAD_LETTER_HEADER_BYTES` likewise; at most
+        :data:`DEAD_LETTER_HEADERS` headers), and ``error`` says so: a dead letter must fit in
+        a Kafka message, or the worker producing it could never get past it."""
+        data = bytes(raw or b"")
+        notes: list[str] = []
+        if len(data) > DEAD_LETTER_PAYLOAD_BYTES:
+            notes.append(
+                f"payload truncated to its first {DEAD_LETTER_PAYLOAD_BYTES} of {len(data)} bytes"
+            )
+            data = _utf8_prefix(data, DEAD_LETTER_PAYLOAD_BYTES)
+        kept = list(headers or ())
+        if len(kept) > DEAD_LETTER_HEADERS:
+            notes.append(f"{len(kept) - DEAD_LETTER_HEADERS} of {len(kept)} headers dropped")
+            kept = kept[:DEAD_LETTER_HEADERS]
+        if any(v is not None and len(v) > DEAD_LETTER_HEADER_BYTES for _k, v in kept):
+            notes.append(f"header values truncated to {DEAD_LETTER_HEADER_BYTES} bytes")
+            kept = [(k, v if v is None else _utf8_prefix(bytes(v), DEAD_LETTER_HEADER_BYTES))
+                    for k, v in kept]  # fmt: skip
+        if notes:
+            error = f"{error} ({'; '.join(notes)})"
+        text, encoding = _text_or_base64(data)
         return cls(
-            source_topic, partition, offset, error, text, at, encoding, _encode_headers(headers)
+            source_topic, partition, offset, error, text, at, encoding, _encode_headers(kept)
         )
 
     @classmethod

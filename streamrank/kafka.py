@@ -4,13 +4,21 @@ guard (:mod:`streamrank.kafka_guard`) before a consumer fetches anything."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.client import AIOKafkaClient
+from aiokafka.errors import KafkaError
 
 from streamrank import kafka_guard
+from streamrank.errors import KafkaUnavailable
 from streamrank.settings import Settings
+
+logger = logging.getLogger(__name__)
 
 
 def producer_kwargs(settings: Settings) -> dict[str, Any]:
@@ -47,6 +55,66 @@ def consumer(settings: Settings, *topics: str, **options: Any) -> AIOKafkaConsum
     """A consumer of ours, guarded against undecodable batches; ``options`` are aiokafka's."""
     kafka_guard.install()
     return AIOKafkaConsumer(*topics, **{**consumer_kwargs(settings), **options})
+
+
+async def start_with_retry(
+    settings: Settings,
+    starters: Sequence[Callable[[], Awaitable[Any]]],
+    *,
+    what: str,
+    max_delay_s: float = 5.0,
+) -> None:
+    """Run each of ``starters`` (``client.start`` ...) in order, retrying the one that fails
+    while the broker is unreachable: back-off from 0.5 s to ``max_delay_s``, one warning when
+    it starts failing, one line when it answers, and :class:`KafkaUnavailable` once
+    ``settings.kafka_start_timeout_s`` has passed (an aiokafka client whose start failed can be
+    started again)."""
+    limit_s = settings.kafka_start_timeout_s
+    began = time.monotonic()
+    delay = 0.5
+    failing = False
+    for start in starters:
+        while True:
+            try:
+                await start()
+                break
+            except KafkaError as exc:
+                waited = time.monotonic() - began
+                if waited + delay > limit_s:
+                    raise KafkaUnavailable(
+                        f"{what}: Kafka at {settings.kafka_bootstrap} did not answer within "
+                        f"{limit_s:.0f}s ({exc}); is the broker up and "
+                        "STREAMRANK_KAFKA_BOOTSTRAP right? (STREAMRANK_KAFKA_START_TIMEOUT_S "
+                        "sets how long to wait)"
+                    ) from exc
+                if not failing:
+                    logger.warning(
+                        "%s: Kafka at %s is unreachable (%s); retrying with back-off for up to "
+                        "%.0fs (STREAMRANK_KAFKA_START_TIMEOUT_S)",
+                        what,
+                        settings.kafka_bootstrap,
+                        exc,
+                        limit_s,
+                    )
+                    failing = True
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, max_delay_s)
+    if failing:
+        logger.info(
+            "%s: Kafka at %s answered after %.1fs",
+            what,
+            settings.kafka_bootstrap,
+            time.monotonic() - began,
+        )
+
+
+async def wait_for_broker(settings: Settings, *, what: str) -> None:
+    """Until the cluster answers a bootstrap (metadata) request, as :func:`start_with_retry`."""
+    client = AIOKafkaClient(**settings.kafka_client_kwargs())
+    try:
+        await start_with_retry(settings, [client.bootstrap], what=what)
+    finally:
+        await client.close()
 
 
 async def end_offsets(

@@ -5,14 +5,20 @@ replica that has just lost its master role (``READONLY`` during a failover) may 
 call a moment later: all of these become :class:`~streamrank.errors.RedisUnavailable`
 (retriable). Anything else Redis says (a wrong type, a script error) is a bug or bad data and
 is left as it is.
+
+A failover error raised *inside* a Lua script does not reach redis-py with its own error code:
+Redis 6.2 wraps it in a script error (``ERR Error running script ...: -READONLY You can't write
+against a read only replica.``), which redis-py raises as a plain ``ResponseError``. Such a
+script error is recognised by the failover code it carries (:func:`is_failover_reply`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from redis.exceptions import BusyLoadingError, ReadOnlyError
+from redis.exceptions import BusyLoadingError, MasterDownError, ReadOnlyError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -28,6 +34,24 @@ TRANSIENT: tuple[type[Exception], ...] = (
     ReadOnlyError,
     OSError,
 )
+
+# Error codes of a server that will answer again once a failover or restart is over: a replica
+# refusing writes, a dataset loading, a replica whose master link is down.
+FAILOVER_CODES = ("READONLY", "LOADING", "MASTERDOWN")
+_FAILOVER_REPLY = re.compile(r"(?:^|-)(?:" + "|".join(FAILOVER_CODES) + r")\b")
+
+
+def is_failover_reply(exc: BaseException) -> bool:
+    """True for a ``ResponseError`` that carries a failover code, also wrapped in a script
+    error (see the module doc). redis-py strips the code of the errors it has a class for."""
+    if isinstance(exc, MasterDownError):
+        return True
+    return isinstance(exc, ResponseError) and bool(_FAILOVER_REPLY.search(str(exc)))
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether the same Redis call may succeed later (see :data:`TRANSIENT`)."""
+    return isinstance(exc, TRANSIENT) or is_failover_reply(exc)
 
 
 def unavailable(exc: BaseException, doing: str, then: str = "") -> RedisUnavailable:
@@ -45,3 +69,7 @@ def redis_call(doing: str, then: str = "") -> Iterator[None]:
         yield
     except TRANSIENT as exc:
         raise unavailable(exc, doing, then) from exc
+    except ResponseError as exc:
+        if is_failover_reply(exc):
+            raise unavailable(exc, doing, then) from exc
+        raise

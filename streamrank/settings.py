@@ -78,13 +78,24 @@ class Settings(BaseSettings):
     kafka_heartbeat_interval_ms: int = Field(
         1000, ge=100, description="How often both workers heartbeat to the group coordinator."
     )
+    kafka_start_timeout_s: float = Field(
+        300.0,
+        ge=0,
+        description="How long a worker that finds Kafka unreachable at start keeps retrying "
+        "(with back-off, one log line) before it exits with an error; 0: try once.",
+    )
     redis_url: SecretStr = Field(
         SecretStr(""),
         description="Redis URL (rediss:// for TLS; may carry a password, so kept secret); "
         "default: the embedded Redis.",
     )
     redis_ssl_ca_certs: Path | None = Field(None, description="CA bundle for rediss:// URLs.")
-    redis_timeout_s: float = Field(0.25, gt=0, description="Socket timeout of every Redis call.")
+    redis_timeout_s: float = Field(
+        0.25,
+        gt=0,
+        description="Socket timeout of every Redis call (the scoring worker's ranking calls "
+        "wait up to the request's deadline instead, when scoring_budget_ms is longer).",
+    )
 
     # --- embedded stack (demo and tests) -----------------------------------------------------
     run_dir: Path = Field(
@@ -213,7 +224,12 @@ class Settings(BaseSettings):
     breaker_failures: int = Field(
         3, ge=1, description="Redis failures in a row that open the breaker."
     )
-    breaker_cooldown_s: float = Field(2.0, gt=0, description="Open-breaker pause before a probe.")
+    breaker_cooldown_s: float = Field(
+        0.5,
+        gt=0,
+        description="Open-breaker pause before a probe (one batch tries Redis again): how soon "
+        "replies are normal again once Redis is back.",
+    )
     canary_split: str | None = Field(
         None, description="e.g. 'din-a:0.9,din-b:0.1'; None = pointer."
     )

@@ -39,6 +39,27 @@ LagHandler = Callable[[str, int, int], None]  # (topic, partition, records behin
 CommitHandler = Callable[[bool], None]  # whether an offset commit succeeded
 
 
+def report_lag(
+    messages: Sequence[Any], *, assigned: Any, highwater: Callable[[Any], int | None],
+    on_lag: LagHandler,
+) -> None:  # fmt: skip
+    """Records behind each partition's high watermark once ``messages`` are durable (a gauge
+    for ops), for the partitions still assigned: a rebalance may have moved some away while
+    their batch was written, and aiokafka asserts assignment when reading a high watermark
+    (an AssertionError there stopped the worker)."""
+    done = {m.tp: m.offset for m in messages}  # the last offset per partition
+    for tp, offset in done.items():
+        if tp not in assigned:
+            continue
+        try:
+            mark = highwater(tp)
+        except AssertionError:  # revoked by the consumer thread between the check and the read
+            logger.debug("lag of %s skipped: no longer assigned", tp)
+            continue
+        if mark is not None:
+            on_lag(tp.topic, tp.partition, max(0, mark - (offset + 1)))
+
+
 class FeaturesConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     """Faust's consumer thread with a short broker fetch wait (Faust hard-codes 1500 ms) and our
     isolation level (Faust reads uncommitted unless the app itself is transactional)."""
@@ -92,12 +113,10 @@ class FeaturesConsumer(faust_aiokafka.Consumer):
             for message in done_messages:
                 ack(message)
             if on_lag is not None:
-                # Records behind the high watermark once this batch is durable (a gauge for ops).
-                done = {m.tp: m.offset for m in done_messages}  # the last offset per partition
-                for tp, offset in done.items():
-                    highwater = self.highwater(tp)
-                    if highwater is not None:
-                        on_lag(tp.topic, tp.partition, max(0, highwater - (offset + 1)))
+                report_lag(
+                    done_messages, assigned=self.assignment(), highwater=self.highwater,
+                    on_lag=on_lag,
+                )  # fmt: skip
 
         try:
             while not (consumer_stopped() or fetcher_stopped()):

@@ -225,6 +225,7 @@ class FeatureProcessor:
     async def _retry(self, dependency: str, action: Callable[[], Awaitable[T]]) -> T:
         """Run ``action`` until it succeeds, backing off while ``dependency`` is down."""
         delay = 0.05
+        cause = ""
         while True:
             try:
                 result = await action()
@@ -240,6 +241,10 @@ class FeatureProcessor:
                         dependency,
                         exc,
                     )
+                elif type(exc.__cause__).__name__ != cause:
+                    # The outage changed its nature (refused -> LOADING -> READONLY ...): say so.
+                    logger.info("%s is still unavailable, now: %s", dependency, exc)
+                cause = type(exc.__cause__).__name__
                 self._metrics.retries.labels(dependency).inc()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self._settings.features_retry_max_s)

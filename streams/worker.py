@@ -9,7 +9,7 @@ import sys
 
 from prometheus_client import CollectorRegistry
 
-from streamrank import logs
+from streamrank import kafka, logs
 from streamrank.errors import one_line
 from streamrank.health import Health
 from streamrank.metrics_http import resolve_port, serve_metrics
@@ -28,9 +28,12 @@ def run_features_worker(settings: Settings, *, metrics_port: int | None = None) 
     from streamrank.topics import create_topics
     from streams.app import create_app
 
-    asyncio.run(
-        create_topics(settings, topics=(settings.topic_clicks, settings.topic_dead_letters))
-    )
+    async def prepare() -> None:
+        # A pod that starts before the broker waits for it instead of crash-looping.
+        await kafka.wait_for_broker(settings, what="features worker")
+        await create_topics(settings, topics=(settings.topic_clicks, settings.topic_dead_letters))
+
+    asyncio.run(prepare())
     registry = CollectorRegistry()
     metrics = FeatureMetrics(registry)
     health = Health(READY_CHECKS)

@@ -244,6 +244,10 @@ class DinScorer:
             )
         net = DIN(spec)
         weights = {k: v for k, v in state.items() if not k.startswith(TABLE_PREFIX)}
+        broken = sorted(k for k, v in weights.items() if not bool(torch.isfinite(v).all()))
+        if broken:
+            # Every score would be NaN: refuse the version rather than serve it.
+            raise ArtifactError(f"dense weights hold NaN/Inf in {', '.join(broken[:5])}")
         try:
             net.load_state_dict(weights, strict=True)
         except RuntimeError as exc:

@@ -52,6 +52,12 @@ class CircuitBreaker:
             return True
         return False
 
+    def release(self) -> None:
+        """The call that was let through says nothing about the dependency (the caller's
+        deadline cut it short): nothing is counted, and a probe may be let through again (a
+        probe never released would keep the breaker half-open, refusing every call)."""
+        self._probing = False
+
     def record_success(self) -> None:
         self._failures = 0
         self._probing = False

@@ -36,6 +36,11 @@ class OffsetBook:
         """A failed batch rewound the consumer: batches fetched before now come again."""
         self.rewinds += 1
 
+    @property
+    def pending(self) -> bool:
+        """Something answered is not committed yet."""
+        return bool(self._answered)
+
     def due(self) -> bool:
         """Whether a commit is due: something answered and the commit interval has passed (a
         commit is a broker round trip; committing less often only repeats replies after a

@@ -4,6 +4,11 @@ One Redis round trip fetches every user's sequence; requests are grouped by the 
 that serves them, and each group makes one embedding lookup for the union of its candidate and
 history ids and one forward. Failures never escape: Redis trouble gives degraded replies with
 fallback scores and feeds the circuit breaker.
+
+Every Redis wait of a batch is bounded by the batch's earliest deadline: a Redis that hangs
+(paused, overloaded, a network stall) costs a request at most its budget, then it is answered
+degraded (``redis_unavailable``), never later; a Redis back within the budget costs only
+latency.
 """
 
 from __future__ import annotations
@@ -115,6 +120,8 @@ class RankService:
         self._log_served = log_served
         self._recent = recent
         self._clock_ms = clock_ms
+        self._cut_by_deadline = 0
+        self._cut_logged_at = float("-inf")
 
     # --- the batch --------------------------------------------------------------------------
 
@@ -138,28 +145,33 @@ class RankService:
                 assert ranked is not None
                 ranked.served = self._degraded_served(batch[i], version, ranked.result)
         if live:
-            for i, ranked in zip(
-                live, await self._rank_live([batch[i] for i in live], start), strict=True
-            ):
+            until = min(deadlines[i] for i in live)
+            ranked_live = await self._rank_live([batch[i] for i in live], start, until)
+            for i, ranked in zip(live, ranked_live, strict=True):
                 out[i] = ranked
         self._metrics.breaker_state.set(int(self._breaker.state))
         return [r for r in out if r is not None]
 
-    async def _rank_live(self, batch: Sequence[Incoming], start: float) -> list[Ranked]:
+    def _within(self, until_ms: int) -> asyncio.Timeout:
+        """Bounds a Redis wait by the batch's deadline (``TimeoutError`` when it passes)."""
+        return asyncio.timeout(max(0.0, (until_ms - self._clock_ms()) / 1000))
+
+    async def _rank_live(
+        self, batch: Sequence[Incoming], start: float, until_ms: int
+    ) -> list[Ranked]:
         serving = self._serving()
         if serving is None:
-            return await self._fallback(batch, replies.NO_MODEL, start)
+            return await self._fallback(batch, replies.NO_MODEL, start, until_ms)
         users = [b.request.user_id for b in batch]
         routed = serving.assign(users)
         if not self._breaker.allow():
-            return await self._fallback(
-                batch, replies.BREAKER_OPEN, start, try_redis=False, routed=routed
-            )
+            return await self._fallback(batch, replies.BREAKER_OPEN, start, None, routed=routed)
         t0 = time.perf_counter()
         try:
-            sequences = await self._features.get_sequences(users)
+            async with self._within(until_ms):
+                sequences = await self._features.get_sequences(users)
         except REDIS_FAILURES as exc:
-            return await self._redis_failed(batch, exc, start, routed)
+            return await self._redis_failed(batch, exc, start, until_ms, routed)
         t_seq = time.perf_counter() - t0
         events = [list(sequences.get(u, ()))[-self._sequence_length :] for u in users]
         groups: dict[str, _Group] = {}
@@ -177,9 +189,10 @@ class RankService:
                     max_history=self._sequence_length,
                 )
                 t1 = time.perf_counter()
-                rows = await self._embeddings.lookup(
-                    group.version, keys.ITEM_TABLE, assembled.unique_ids
-                )
+                async with self._within(until_ms):
+                    rows = await self._embeddings.lookup(
+                        group.version, keys.ITEM_TABLE, assembled.unique_ids
+                    )
                 t2 = time.perf_counter()
                 hist, cands = gather(rows, assembled)
                 probs = forward(
@@ -194,17 +207,21 @@ class RankService:
                 if self._recent is not None:
                     self._recent.add(assembled.unique_ids)
         except REDIS_FAILURES as exc:
-            return await self._redis_failed(batch, exc, start, routed)
+            return await self._redis_failed(batch, exc, start, until_ms, routed)
         except StreamrankError as exc:
             self._breaker.record_success()  # Redis answered: ends a half-open probe
             logger.error("model version unusable (%s); serving popularity fallback", exc)
-            return await self._fallback(batch, replies.MODEL_UNAVAILABLE, start, routed=routed)
+            return await self._fallback(
+                batch, replies.MODEL_UNAVAILABLE, start, until_ms, routed=routed
+            )
         except Exception:
             self._breaker.record_success()  # Redis answered: ends a half-open probe
             logger.exception(
                 "scoring a batch of %d failed; serving popularity fallback", len(batch)
             )
-            return await self._fallback(batch, replies.INTERNAL_ERROR, start, routed=routed)
+            return await self._fallback(
+                batch, replies.INTERNAL_ERROR, start, until_ms, routed=routed
+            )
         self._breaker.record_success()
         stages = {
             "sequence_fetch": t_seq * 1000,
@@ -244,9 +261,27 @@ class RankService:
         batch: Sequence[Incoming],
         exc: BaseException,
         start: float,
+        until_ms: int,
         routed: Sequence[str] | None = None,
     ) -> list[Ranked]:
         self._metrics.redis_errors.inc()
+        if isinstance(exc, TimeoutError):
+            # The batch's deadline passed while Redis was silent: no evidence that Redis is
+            # down (a short budget on a slow moment, or a pause that may end within the next
+            # batch's budget), so the breaker is left alone; logged at most every 5 s.
+            self._breaker.release()
+            self._cut_by_deadline += 1
+            now = time.monotonic()
+            if now - self._cut_logged_at >= 5.0:
+                logger.warning(
+                    "Redis did not answer before the deadline (%d batches since the last such "
+                    "line); degraded replies",
+                    self._cut_by_deadline,
+                )
+                self._cut_logged_at, self._cut_by_deadline = now, 0
+            return await self._fallback(
+                batch, replies.REDIS_UNAVAILABLE, start, None, routed=routed
+            )
         self._breaker.record_failure()
         logger.warning(
             "Redis failed for a batch of %d (%s: %s); degraded replies",
@@ -254,24 +289,28 @@ class RankService:
             type(exc).__name__,
             exc,
         )
-        return await self._fallback(batch, replies.REDIS_UNAVAILABLE, start, routed=routed)
+        return await self._fallback(
+            batch, replies.REDIS_UNAVAILABLE, start, until_ms, routed=routed
+        )
 
     async def _fallback(
         self,
         batch: Sequence[Incoming],
         reason: str,
         start: float,
+        until_ms: int | None,
         *,
-        try_redis: bool = True,
         routed: Sequence[str] | None = None,
     ) -> list[Ranked]:
-        """Item popularity from the counters when Redis answers, else a neutral ranking.
-        ``routed``: the version each request was routed to (logged as degraded for it)."""
+        """Item popularity from the counters when Redis answers before ``until_ms``, else (or
+        when ``until_ms`` is None) a neutral ranking. ``routed``: the version each request was
+        routed to (logged as degraded for it)."""
         popularity: Mapping[str, float] | None = None
-        if try_redis and self._breaker.allow():
+        if until_ms is not None and until_ms > self._clock_ms() and self._breaker.allow():
             ids = sorted({i for b in batch for i in b.request.items})
             try:
-                values = await self._features.item_popularity(ids)
+                async with self._within(until_ms):
+                    values = await self._features.item_popularity(ids)
                 popularity = dict(
                     zip(ids, np.asarray(values, dtype=np.float64).tolist(), strict=True)
                 )

@@ -42,7 +42,7 @@ from scoring.serving.rebalance import RebalanceListener
 from scoring.serving.service import Incoming, Ranked, RankService
 from scoring.serving.watcher import Loader, RecentIds, VersionWatcher
 from streamrank import clock, groups, health, kafka, logs
-from streamrank.errors import UNDECODABLE_BATCH, ContractError, KafkaUnavailable, internal_error
+from streamrank.errors import UNDECODABLE_BATCH, ContractError, internal_error
 from streamrank.health import Health
 from streamrank.kafka_guard import UndecodableBatch
 from streamrank.redis_client import redis_client
@@ -133,7 +133,17 @@ class ScoringWorker:
         self.service: RankService | None = None
         self._stopping = asyncio.Event()
         self._offsets = OffsetBook(commit_interval_s=settings.scoring_commit_interval_ms / 1000)
+        self._inflight: collections.deque[asyncio.Task[bool]] = collections.deque()
+        self._holding_commits = False  # a revoke is committing: batches only record offsets
+        self.rebalance = RebalanceListener(
+            finish=self.finish_inflight, on_assigned=self._on_assigned, on_revoked=self._on_revoked
+        )
         self.batches = 0
+
+    @property
+    def consuming(self) -> bool:
+        """Started (Kafka reached) and not stopped."""
+        return self._consumer is not None and not self._stopping.is_set()
 
     @property
     def rewinds(self) -> int:
@@ -144,7 +154,9 @@ class ScoringWorker:
     async def start(self) -> None:
         s = self.settings
         configure_torch(s)
-        self._redis = redis_client(s)
+        # A request may wait for Redis up to its deadline (RankService bounds each wait), so the
+        # socket timeout must not cut it shorter than the default budget.
+        self._redis = redis_client(s, timeout_s=max(s.redis_timeout_s, s.scoring_budget_ms / 1000))
         features, embeddings, loader = self._injected
         if features is None or embeddings is None or loader is None:
             features, embeddings, loader = real_dependencies(s, self._redis, self.metrics)
@@ -188,7 +200,7 @@ class ScoringWorker:
             asyncio.create_task(self._registration.run(), name="group-registry"),
         ]
         self._producer = kafka.producer(s, acks="all", linger_ms=1)
-        self._consumer = kafka.consumer(
+        consumer = kafka.consumer(
             s,
             group_id=self._group_id,
             client_id=self.client_id,
@@ -198,25 +210,23 @@ class ScoringWorker:
             max_poll_records=s.scoring_batch_max,
             fetch_max_wait_ms=s.scoring_fetch_wait_ms,
         )
-        self._consumer.subscribe(
-            [s.topic_requests],
-            listener=RebalanceListener(on_assigned=self._on_assigned, on_revoked=self._on_revoked),
-        )
+        consumer.subscribe([s.topic_requests], listener=self.rebalance)
         self._revoked_at = time.monotonic()  # the first join counts as a rebalance too
         try:
-            await self._producer.start()
-            await self._consumer.start()
-        except KafkaError as exc:
+            await kafka.start_with_retry(
+                s, [self._producer.start, consumer.start], what="scoring worker"
+            )
+        except BaseException:  # not reachable in time, or stopped while waiting
+            self._consumer = consumer
             await self.stop()
-            raise KafkaUnavailable(
-                f"cannot reach Kafka at {s.kafka_bootstrap}: {exc}; is the stack up?"
-            ) from exc
+            raise
+        self._consumer = consumer
         logger.info(
             "scoring worker consuming %s as group %s (isolation_level %s, replies compressed "
             "with %s); serving %s",
             s.topic_requests,
             self._group_id,
-            self._consumer._isolation_level,
+            consumer._isolation_level,
             s.kafka_compression,
             self.watcher.describe(),
         )
@@ -251,10 +261,6 @@ class ScoringWorker:
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
         self._revoked_at = time.monotonic()
         self.health.set("group", False, "rebalancing")
-        logger.info(
-            "partitions revoked: %s",
-            ",".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(revoked)) or "none",
-        )
 
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
         took = time.monotonic() - self._revoked_at if self._revoked_at is not None else 0.0
@@ -313,7 +319,7 @@ class ScoringWorker:
         (it waits for the GIL between torch ops). Offsets are still committed in order: a batch
         commits only after the one before it did.
         """
-        inflight: collections.deque[asyncio.Task[bool]] = collections.deque()
+        inflight = self._inflight
         try:
             while not self._stopping.is_set():
                 while inflight and inflight[0].done():
@@ -328,12 +334,41 @@ class ScoringWorker:
                     inflight.append(
                         asyncio.create_task(self.process(records, after=previous, rewinds=rewinds))
                     )
+                elif not inflight and self._offsets.pending:
+                    # Idle: commit what the commit interval held back, so the group's lag
+                    # reaches 0 (and a crash now repeats nothing).
+                    await self.commit_answered()
             while inflight:
                 await inflight.popleft()
             await self.commit_answered()
         finally:
             for task in inflight:
                 task.cancel()
+            inflight.clear()
+
+    async def finish_inflight(self, timeout_s: float = 10.0) -> None:
+        """Let the batches in flight finish (their replies produced and acknowledged), then
+        commit every answered offset: what the rebalance listener does before partitions move.
+        Waits at most ``timeout_s`` (a batch stuck longer is answered again by the new owner)."""
+        self._holding_commits = True
+        try:
+            pending = [t for t in self._inflight if not t.done()]
+            if pending:
+                _done, late = await asyncio.wait(pending, timeout=timeout_s)
+                if late:
+                    logger.warning(
+                        "%d batches still in flight after %.0fs at a rebalance; their requests "
+                        "may be answered twice",
+                        len(late),
+                        timeout_s,
+                    )
+            await self.commit_answered()
+        except Exception:
+            logger.exception(
+                "committing before a rebalance failed; some requests may be answered twice"
+            )
+        finally:
+            self._holding_commits = False
 
     async def process(
         self,
@@ -489,14 +524,14 @@ class ScoringWorker:
         out = [_Outgoing(s.topic_dead_letters, record.key or b"", letter.to_json())]
         if exc.reason == UNDECODABLE_BATCH:
             return out  # no request in it can be read, so no one to answer
-        request_id = peek_request_id(record.value)
+        request_id = peek_request_id(record.value, max_length=self._limits.max_id_length)
         if request_id is not None:
             result = replies.error_reply(
                 request_id, "", replies.INVALID_REQUEST, f"{exc.reason}: {exc}", now_ms=at
             )
             # The caller listens where it asked to be answered, when that topic is allowed.
             topic = replies.reply_topic(
-                peek_field(record.value, "reply_to"),
+                peek_field(record.value, "reply_to", max_length=self._limits.max_id_length),
                 default=s.topic_results,
                 allowed=s.reply_topics_allowed,
             )
@@ -533,7 +568,7 @@ class ScoringWorker:
     async def _commit(self, records: Sequence[ConsumerRecord[Any, Any]]) -> None:
         """Mark a batch answered; commit what is answered when a commit is due."""
         self._offsets.answered(records)
-        if self._offsets.due():
+        if self._offsets.due() and not self._holding_commits:
             await self.commit_answered()
 
     async def commit_answered(self) -> None:
@@ -541,6 +576,9 @@ class ScoringWorker:
         if self._consumer is None:
             return
         offsets = self._offsets.take()
+        # Partitions that moved away since: their new owner answers from the last commit.
+        assigned = self._consumer.assignment()
+        offsets = {tp: offset for tp, offset in offsets.items() if tp in assigned}
         if not offsets:
             return
         try:

@@ -20,7 +20,7 @@ import logging
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from streamrank import clock, groups, kafka, keys
 from streamrank.bench.loadgen import Driver, encode, make_requests
 from streamrank.bench.scoring import bench_stack, publish_synthetic
 from streamrank.devstack.processes import WorkerProcess, start_worker
+from streamrank.errors import StackError
 from streamrank.redis_client import redis_client
 from streamrank.settings import Settings
 from streamrank.topics import create_topics
@@ -83,8 +84,20 @@ def spread(members: list[groups.Member], topic: str) -> dict[str, list[int]]:
     return {m.member: [p for t, p in m.partitions if t == topic] for m in members}
 
 
+def check_alive(workers: Mapping[str, WorkerProcess]) -> None:
+    """A worker that exited makes the run meaningless: say which, and why (its log's end)."""
+    for name, worker in workers.items():
+        if not worker.alive():
+            tail = "\n".join(worker.log_text().splitlines()[-15:])
+            raise StackError(
+                f"worker {name} ({worker.what}, pid {worker.pid}) exited with code "
+                f"{worker.process.returncode} during the run; its log ends:\n{tail}"
+            )
+
+
 async def settled(settings: Settings, group: str, topic: str, *, members: int, partitions: int,
-                  timeout_s: float = 90.0) -> dict[str, list[int]]:  # fmt: skip
+                  workers: Mapping[str, WorkerProcess], timeout_s: float = 90.0,
+                  ) -> dict[str, list[int]]:  # fmt: skip
     """Until ``members`` registered members own all ``partitions`` once each, every member at
     least one (a member that just joined is registered with none until it is assigned)."""
     redis = redis_client(settings)
@@ -92,6 +105,7 @@ async def settled(settings: Settings, group: str, topic: str, *, members: int, p
     last: dict[str, list[int]] = {}
     try:
         while time.monotonic() < deadline:
+            check_alive(workers)
             last = spread(await groups.members(redis, group), topic)
             owned = sorted(p for ps in last.values() for p in ps)
             everyone = all(last.values()) or members > partitions
@@ -100,7 +114,10 @@ async def settled(settings: Settings, group: str, topic: str, *, members: int, p
             await asyncio.sleep(0.2)
     finally:
         await redis.aclose()
-    raise TimeoutError(f"group {group} did not settle on {members} members: {last}")
+    raise StackError(
+        f"group {group} did not settle on {members} members within {timeout_s:g} s: {last}; "
+        "see the workers' logs (--logs DIR keeps them)"
+    )
 
 
 class Load:
@@ -176,7 +193,12 @@ async def scoring_scenario(
     with workers_stopped(handles):
         start("w1")
         layouts["1 worker"] = await settled(
-            s, s.scoring_group_id, s.topic_requests, members=1, partitions=args.partitions
+            s,
+            s.scoring_group_id,
+            s.topic_requests,
+            members=1,
+            partitions=args.partitions,
+            workers=handles,
         )
         async with Driver(
             settings=s, requests_topic=s.topic_requests, results_topic=s.topic_results
@@ -200,6 +222,7 @@ async def scoring_scenario(
                         s.topic_requests,
                         members=members,
                         partitions=args.partitions,
+                        workers=handles,
                     )
                     left = args.phase_s - (time.perf_counter() - at)
                     if left > 0:
@@ -272,7 +295,12 @@ async def features_scenario(
             await produce_for(args.phase_s)
             await producer.flush()
             layout = await settled(
-                s, s.features_app_id, s.topic_clicks, members=2, partitions=args.partitions
+                s,
+                s.features_app_id,
+                s.topic_clicks,
+                members=2,
+                partitions=args.partitions,
+                workers=handles,
             )
             redis = redis_client(s)
             try:

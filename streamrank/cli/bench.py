@@ -56,6 +56,18 @@ def _rollout() -> ModuleType:
     return rollout
 
 
+def _drive() -> ModuleType:
+    from streamrank.bench import drive
+
+    return drive
+
+
+def _soak() -> ModuleType:
+    from streamrank.bench import soak
+
+    return soak
+
+
 BENCHMARKS: dict[str, tuple[Callable[[], ModuleType], str]] = {
     "streams": (_streams, "feature worker throughput and click-to-visible latency"),
     "embeddings": (_embeddings, "embedding store memory, cache hit rates, lookup latency"),
@@ -67,6 +79,8 @@ BENCHMARKS: dict[str, tuple[Callable[[], ModuleType], str]] = {
         "staged rollouts on ml-100k decided by online metrics (good, bad, equal)",
     ),
     "rebalance": (_rebalance, "reply pauses when consumer-group membership changes"),
+    "drive": (_drive, "steady clicks and rank requests, every message and reply recorded"),
+    "soak": (_soak, "sustained load for M minutes: latency, memory, descriptors, lag per minute"),
 }
 
 

@@ -45,16 +45,32 @@ def run_async(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-def run_until_signalled(coro: Any) -> Any:
+def run_until_signalled(
+    coro: Any, *, on_signal: Callable[[asyncio.Task[Any]], None] | None = None
+) -> Any:
     """Run a long-lived coroutine; SIGINT (Ctrl-C) or SIGTERM cancel it, so its ``finally``
     blocks stop what it started. Explicit handlers, because a process started in the background
-    inherits an ignored SIGINT and would never see Ctrl-C as KeyboardInterrupt."""
+    inherits an ignored SIGINT and would never see Ctrl-C as KeyboardInterrupt.
+
+    ``on_signal(task)``, when given, handles the first signal instead (a graceful stop: finish
+    what is in flight, then return); a second signal cancels."""
 
     async def main() -> Any:
         task = asyncio.ensure_future(coro)
         loop = asyncio.get_running_loop()
+        signals = 0
+
+        def handle() -> None:
+            nonlocal signals
+            signals += 1
+            if on_signal is not None and signals == 1:
+                logger.info("stopping gracefully (a second signal stops at once)")
+                on_signal(task)
+            else:
+                task.cancel()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, task.cancel)
+            loop.add_signal_handler(sig, handle)
         try:
             return await task
         except asyncio.CancelledError:

@@ -10,19 +10,12 @@ from streamrank.redis_client import redis_client
 from streamrank.settings import Settings
 
 
-async def serve(settings: Settings, metrics_port: int | None) -> None:
-    """Run one scoring worker until cancelled (SIGINT/SIGTERM via ``run_until_signalled``)."""
-    from prometheus_client import CollectorRegistry
-
-    from scoring.serving.worker import READY_CHECKS, ScoringWorker
-    from streamrank.health import Health
+async def serve(worker: Any, settings: Settings, metrics_port: int | None) -> None:
+    """Run one scoring worker until it is stopped (``worker.request_stop``) or cancelled."""
     from streamrank.metrics_http import resolve_port, serve_metrics
 
-    registry = CollectorRegistry()
-    health = Health(READY_CHECKS)
     port = resolve_port(metrics_port, settings.metrics_port, "scoring")
-    server = serve_metrics(registry, port, health=health)
-    worker = ScoringWorker(settings=settings, registry=registry, health=health)
+    server = serve_metrics(worker.metrics.registry, port, health=worker.health)
     try:
         async with worker:
             await worker.run()
@@ -32,9 +25,22 @@ async def serve(settings: Settings, metrics_port: int | None) -> None:
 
 
 def _worker(args: argparse.Namespace, settings: Settings) -> int:
+    from prometheus_client import CollectorRegistry
+
+    from scoring.serving.worker import ScoringWorker
     from streamrank.cli.common import run_until_signalled
 
-    run_until_signalled(serve(settings, args.metrics_port))
+    worker = ScoringWorker(settings=settings, registry=CollectorRegistry())
+
+    def on_signal(task: Any) -> None:
+        # Consuming: finish the batches in flight, commit, leave the group (nothing is answered
+        # twice). Still starting (waiting for Kafka): nothing to finish, stop at once.
+        if worker.consuming:
+            worker.request_stop()
+        else:
+            task.cancel()
+
+    run_until_signalled(serve(worker, settings, args.metrics_port), on_signal=on_signal)
     return 0
 
 

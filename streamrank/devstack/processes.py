@@ -137,6 +137,20 @@ def worker_env(settings: Settings, extra: Mapping[str, str] | None = None) -> di
     return env
 
 
+def start_command(
+    args: Sequence[str],
+    settings: Settings,
+    *,
+    log_path: Path,
+    what: str,
+    extra_env: Mapping[str, str] | None = None,
+) -> ChildProcess:
+    """Start ``streamrank ARGS...`` with every field of ``settings`` handed over through the
+    environment (workers, the load driver)."""
+    argv = [sys.executable, "-m", "streamrank.cli", *args]
+    return start_child(argv, what=what, log_path=log_path, env=worker_env(settings, extra_env))
+
+
 def start_worker(
     kind: str,
     settings: Settings,
@@ -147,10 +161,10 @@ def start_worker(
 ) -> WorkerProcess:
     """Start ``streamrank worker KIND`` (features or scoring) with every field of ``settings``
     handed over through the environment; ``metrics_port`` None leaves it to the settings."""
-    argv = [sys.executable, "-m", "streamrank.cli", "worker", kind]
+    args = ["worker", kind]
     if metrics_port is not None:
-        argv += ["--metrics-port", str(metrics_port)]
-    child = start_child(
-        argv, what=f"{kind} worker", log_path=log_path, env=worker_env(settings, extra_env)
+        args += ["--metrics-port", str(metrics_port)]
+    child = start_command(
+        args, settings, log_path=log_path, what=f"{kind} worker", extra_env=extra_env
     )
     return WorkerProcess(child.process, child.log_path, child.what, kind=kind)

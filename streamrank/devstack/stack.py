@@ -20,11 +20,12 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from streamrank.devstack.processes import ChildProcess, start_child
 from streamrank.errors import StackError
@@ -153,9 +154,11 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _cmdline(pid: int, *, settle_s: float = 1.0) -> str:
+def _cmdline(pid: int, *, settle_s: float = 5.0) -> str:
     """The command line of ``pid``. It reads empty while the process is between fork and exec
-    (a child we have just started) or once it has exited: read again for up to ``settle_s``."""
+    (a child we have just started) and while it exits (its memory is being released, which
+    takes a while for a large process, before it becomes a zombie): read again for up to
+    ``settle_s``, until it reads something or the process is gone."""
     deadline = time.monotonic() + settle_s
     while True:
         try:
@@ -236,7 +239,7 @@ class EmbeddedStack:
             pid_file.unlink()
             return None
         cmdline = _cmdline(pid)
-        if not _pid_alive(pid):  # gone, or a zombie nobody reaped: not a foreign process
+        if not _pid_alive(pid):  # gone, exiting, or a zombie nobody reaped: not a foreign process
             logger.warning("removing stale pid file %s (pid %s is not running)", pid_file, pid)
             pid_file.unlink()
             return None
@@ -305,18 +308,25 @@ class EmbeddedStack:
             pid = self._running_pid(spec)
             if pid is None:
                 continue
-            os.kill(pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):  # exited since it was looked up
+                os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + timeout_s
             while _pid_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
             if _pid_alive(pid):
                 logger.warning("%s (pid %s) ignored SIGTERM; sending SIGKILL", spec.name, pid)
-                os.kill(pid, signal.SIGKILL)
-                deadline = time.monotonic() + 5
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                deadline = time.monotonic() + 10
                 while _pid_alive(pid) and time.monotonic() < deadline:
                     time.sleep(0.05)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)  # our own child (the test fixture's): reap it
+            if _pid_alive(pid):
+                raise StackError(
+                    f"{spec.name} (pid {pid}) did not exit even after SIGKILL (stuck in the "
+                    f"kernel?); {self._pid_file(spec.name)} is kept: check `ps -o stat {pid}`"
+                )
             self._pid_file(spec.name).unlink(missing_ok=True)
             stopped.append(spec.name)
         return stopped
@@ -332,32 +342,55 @@ class EmbeddedStack:
 class RedisServer:
     """A private redis-server on ``port`` that can be stopped and started again with its data:
     ``persist="aof"`` (append-only, fsync always), ``"rdb"`` (a SAVE before each stop) or
-    ``"none"`` (memory only)."""
+    ``"none"`` (memory only). ``password`` turns on AUTH (``requirepass``); ``extra_args`` are
+    more redis-server options (``--key-load-delay 50`` makes a restart load slowly, ...)."""
 
-    def __init__(self, *, port: int, run_dir: Path, persist: str = "rdb") -> None:
+    def __init__(
+        self,
+        *,
+        port: int,
+        run_dir: Path,
+        persist: str = "rdb",
+        password: str | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
         self.port = port
         self.run_dir = Path(run_dir)
         self.persist = persist
+        self.password = password
+        self.extra_args = tuple(extra_args)
         self.child: ChildProcess | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     @property
     def proc(self) -> subprocess.Popen[bytes] | None:
         return self.child.process if self.child is not None else None
 
-    def start(self, timeout_s: float = 20.0) -> None:
+    def client(self) -> Any:
+        """A synchronous client on this server (bytes replies)."""
+        import redis
+
+        return redis.Redis.from_url(self.url, socket_timeout=10)
+
+    def start(self, timeout_s: float = 20.0, *, wait_loaded: bool = True) -> None:
+        """Start it and wait until it answers PING; ``wait_loaded=False`` returns as soon as it
+        accepts connections, while it may still be loading its data (answering ``LOADING``)."""
         argv = list(redis_spec(self.port, self.run_dir).argv)
         if self.persist == "aof":
             argv += ["--appendonly", "yes", "--appendfsync", "always"]
+        if self.password:
+            argv += ["--requirepass", self.password]
+        argv += self.extra_args
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.child = start_child(
             argv, what="private redis-server", log_path=self.run_dir / f"redis-{self.port}.log"
         )
         deadline = time.monotonic() + timeout_s
-        while not redis_answers(self.url, timeout_s=0.5):
+        while not (port_in_use(self.port) if not wait_loaded else redis_answers(self.url, 0.5)):
             if not self.child.alive() or time.monotonic() > deadline:
                 raise StackError(
                     f"the private redis-server on {self.port} did not start; see "
@@ -370,9 +403,7 @@ class RedisServer:
         if self.child is None:
             return
         if self.persist == "rdb" and self.child.alive():
-            import redis
-
-            client = redis.Redis.from_url(self.url)
+            client = self.client()
             try:
                 client.save()
             finally:
@@ -381,15 +412,79 @@ class RedisServer:
         self.child = None
 
     def kill(self) -> None:
+        """SIGKILL: a crash (with ``persist="aof"`` nothing acknowledged is lost)."""
         if self.child is not None:
             self.child.kill()
             self.child = None
 
+    def pause(self) -> None:
+        """SIGSTOP: a hung server (connections stay open, nothing answers)."""
+        if self.child is not None and self.child.alive():
+            os.kill(self.child.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.child is not None and self.child.alive():
+            os.kill(self.child.pid, signal.SIGCONT)
+
+
+class KafkaBroker:
+    """A private embedded broker (Tansu, memory only) on ``port``, for fault tests: it can be
+    stopped, started again (empty), paused (SIGSTOP: a hung broker) and resumed."""
+
+    def __init__(self, *, port: int, run_dir: Path) -> None:
+        self.port = port
+        self.run_dir = Path(run_dir)
+        self.child: ChildProcess | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
+        self.child = start_child(
+            kafka_spec(self.port).argv,
+            what="private kafka broker",
+            log_path=self.run_dir / f"kafka-{self.port}.log",
+            env=env,
+            cwd=self.run_dir,
+        )
+        deadline = time.monotonic() + timeout_s
+        while not (port_in_use(self.port) and kafka_answers(self.bootstrap)):
+            if not self.child.alive() or time.monotonic() > deadline:
+                raise StackError(
+                    f"the private broker on {self.port} did not start; see {self.child.log_path}"
+                )
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.child is not None:
+            self.resume()
+            self.child.stop(timeout_s=10)
+            self.child = None
+
+    def pause(self) -> None:
+        """SIGSTOP: connections stay open, nothing is answered."""
+        if self.child is not None and self.child.alive():
+            os.kill(self.child.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.child is not None and self.child.alive():
+            os.kill(self.child.pid, signal.SIGCONT)
+
 
 @contextmanager
-def private_redis(run_dir: Path, *, persist: str = "rdb") -> Iterator[RedisServer]:
+def private_redis(
+    run_dir: Path,
+    *,
+    persist: str = "rdb",
+    password: str | None = None,
+    extra_args: Sequence[str] = (),
+) -> Iterator[RedisServer]:
     """A private redis-server on a free port for the body; gone afterwards."""
-    server = RedisServer(port=free_port(), run_dir=run_dir, persist=persist)
+    server = RedisServer(
+        port=free_port(), run_dir=run_dir, persist=persist, password=password, extra_args=extra_args
+    )
     server.start()
     try:
         yield server

@@ -344,6 +344,23 @@ async def test_batch_fetched_after_a_rewind_commits_normally(
         await worker.stop()
 
 
+async def test_an_idle_worker_commits_what_the_interval_held_back(
+    make_settings: Callable[..., Settings], unique: str, versions: tuple[str, str]
+) -> None:
+    """With a long commit interval the last answered batch is not yet due; once no request
+    arrives it is committed anyway, so the group's lag reaches 0 while the worker runs."""
+    settings = worker_settings(make_settings, unique, scoring_commit_interval_ms=600_000)
+    await create_topics(settings)
+    async with running_worker(settings), RankClient(settings=settings) as client:
+        for n in range(3):
+            await client.rank(f"u{n}", ["a", "b"], timeout=30)
+
+        async def all_committed() -> bool:
+            return await committed_total(settings) == 3
+
+        await wait_for(all_committed, timeout_s=20, what="the idle commit")
+
+
 async def test_a_batch_of_a_partition_moved_away_meanwhile_is_answered_without_crashing(
     make_settings: Callable[..., Settings], unique: str, versions: tuple[str, str]
 ) -> None:

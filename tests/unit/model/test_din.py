@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from scoring.model.din import DIN, BaseModel, DinScorer, ModelSpec, PReLU, dense_bytes, dense_state
+from streamrank.errors import ArtifactError
 
 SPEC = ModelSpec()
 D = SPEC.item_dim
@@ -208,3 +209,16 @@ def test_profile_model_scorer_equals_forward_and_uses_the_profile() -> None:
     assert np.abs(other - got).max() > 1e-4
     with pytest.raises(ValueError, match="needs the user profile"):
         scorer.score(hist, mask, cands, cm)
+
+
+def test_weights_with_nan_or_inf_are_refused() -> None:
+    """Every score of such a version would be NaN: the version is refused at load."""
+    state = dense_state(_trained_like_din())
+    name = next(k for k in state if not k.startswith("tables."))
+    for bad in (float("nan"), float("inf")):
+        broken = dict(state)
+        broken[name] = state[name].clone()
+        broken[name].view(-1)[0] = bad
+        with pytest.raises(ArtifactError, match=f"NaN/Inf in {name}"):
+            DinScorer.from_state(SPEC, broken)
+    DinScorer.from_state(SPEC, state)  # the intact weights load

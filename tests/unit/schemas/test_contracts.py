@@ -207,3 +207,34 @@ def test_peek_request_id_reads_what_it_can() -> None:
     assert peek_request_id(b"not json") is None
     assert peek_request_id(b'{"request_id": 5}') is None
     assert peek_request_id(None) is None
+
+
+def test_a_dead_letter_of_a_huge_record_keeps_its_head_and_says_so() -> None:
+    """A dead letter must fit in a Kafka message, or the worker producing it would retry it
+    for ever (seen with a 10 MB click: the features worker stopped applying anything)."""
+    from schemas.messages import DEAD_LETTER_HEADER_BYTES, DEAD_LETTER_PAYLOAD_BYTES
+
+    raw = ("é" * (6 << 20)).encode()  # 12 MB of two-byte characters
+    headers = [("trace", b"t"), ("big", b"x" * 100_000)] + [(f"h{i}", b"v") for i in range(100)]
+    letter = DeadLetter.wrap(raw, source_topic="clicks", partition=1, offset=7,
+                             error="too_large: message is 12582912 bytes", at=1,
+                             headers=headers)  # fmt: skip
+    assert letter.reason == "too_large"
+    assert letter.payload_encoding == "utf-8"  # cut between characters, still text
+    assert len(letter.original_bytes()) <= DEAD_LETTER_PAYLOAD_BYTES
+    assert raw.startswith(letter.original_bytes())
+    assert f"first {DEAD_LETTER_PAYLOAD_BYTES} of {len(raw)} bytes" in letter.error
+    assert "headers dropped" in letter.error and "header values truncated" in letter.error
+    kept = letter.original_headers()
+    assert kept[0] == ("trace", b"t") and len(kept[1][1] or b"") == DEAD_LETTER_HEADER_BYTES
+    assert len(letter.to_json()) < 1024 * 1024
+    small = DeadLetter.wrap(b"\xff\x00", source_topic="c", partition=0, offset=0, error="e", at=1)
+    assert small.original_bytes() == b"\xff\x00" and small.error == "e"
+
+
+def test_an_error_reply_never_carries_an_id_over_the_limit() -> None:
+    from schemas import peek_request_id
+
+    assert peek_request_id(orjson.dumps({"request_id": "r" * 128})) == "r" * 128
+    assert peek_request_id(orjson.dumps({"request_id": "r" * 129})) is None
+    assert peek_request_id(orjson.dumps({"request_id": "r" * 200}), max_length=200) == "r" * 200

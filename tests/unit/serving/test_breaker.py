@@ -45,3 +45,17 @@ def test_failed_probe_reopens_for_a_full_cooldown() -> None:
     assert not breaker.allow()
     clock.t = 2.0
     assert breaker.allow()
+
+
+def test_a_released_probe_lets_the_next_probe_through() -> None:
+    """A probe cut short by its caller's deadline proves nothing: released, the breaker lets
+    the next call probe instead of refusing every call for good."""
+    clock = Clock()
+    breaker = CircuitBreaker(failures=1, cooldown_s=1.0, clock=clock)
+    breaker.record_failure()
+    clock.t = 1.0
+    assert breaker.allow() and not breaker.allow()  # one probe at a time
+    breaker.release()
+    assert breaker.state is BreakerState.HALF_OPEN and breaker.allow()
+    breaker.record_success()
+    assert breaker.state is BreakerState.CLOSED

@@ -56,3 +56,11 @@ def test_a_rewind_is_counted_and_first_and_last_offsets_are_per_partition() -> N
     records = [Record(0, 9), Record(1, 4), Record(0, 3), Record(1, 6)]
     assert first_offsets(records) == {P0: 3, P1: 4}
     assert last_offsets(records) == {P0: 9, P1: 6}
+
+
+def test_pending_says_whether_anything_answered_is_uncommitted() -> None:
+    book = OffsetBook(commit_interval_s=3600)
+    assert not book.pending
+    book.answered([Record(0, 5)])
+    assert book.pending and book.take() == {TopicPartition("rank-requests", 0): 6}
+    assert not book.pending

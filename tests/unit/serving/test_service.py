@@ -3,7 +3,9 @@ the integration tests): scores reach the right requests, deadlines, degradation,
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +21,7 @@ from scoring.serving.metrics import ScoringMetrics
 from scoring.serving.served_log import served_record
 from scoring.serving.service import Incoming, RankService
 from scoring.serving.watcher import Serving
+from streamrank import clock
 from streamrank.errors import EmbeddingError
 
 DIM = 4
@@ -293,3 +296,59 @@ async def test_model_failure_during_half_open_probe_does_not_wedge_the_breaker(
     assert not r.degraded and r.reason is None and r.model_version == "v1"
     hist = [e.item_id for e in SEQ["u1"]][-3:]
     np.testing.assert_allclose(r.scores, expected(hist, ["a", "b"]), rtol=1e-5)
+
+
+class HangingFeatures(Features):
+    """A Redis that accepts the call and never answers (paused, stalled network)."""
+
+    async def get_sequences(self, user_ids: Sequence[str]) -> Mapping[str, Sequence[Any]]:
+        self.calls += 1
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_a_hanging_redis_costs_at_most_the_batch_deadline() -> None:
+    """Replies are degraded at the earliest deadline of the batch, not after a socket timeout
+    (or never). A deadline that passed is no evidence that Redis is down: the breaker stays
+    closed (a pause may end within the next batch's budget)."""
+    features = HangingFeatures(SEQ, {"a": 1.0})
+    service, breaker = make(ONE, features)
+    now = clock.now_ms()
+    started = time.monotonic()
+    out = await service.rank(
+        [incoming("r1", "u1", ["a", "b"]), incoming("r2", "u2", ["b"])],
+        deadlines=[now + 150, now + 60_000],
+    )
+    waited = time.monotonic() - started
+    assert 0.1 <= waited < 30  # the earliest deadline (150 ms), not a hang
+    assert [r.result.reason for r in out] == [replies.REDIS_UNAVAILABLE] * 2
+    assert all(r.result.degraded and len(r.result.scores) == len(r.result.items) for r in out)
+    assert breaker.state is BreakerState.CLOSED and breaker._failures == 0
+
+
+async def test_redis_back_within_the_deadline_costs_only_latency() -> None:
+    class SlowFeatures(Features):
+        async def get_sequences(self, user_ids: Sequence[str]) -> Mapping[str, Sequence[Any]]:
+            await asyncio.sleep(0.1)
+            return await super().get_sequences(user_ids)
+
+    service, _ = make(ONE, SlowFeatures(SEQ, {}))
+    out = await service.rank([incoming("r1", "u1", ["a"])], deadlines=[clock.now_ms() + 5000])
+    assert not out[0].result.degraded and out[0].result.model_version == "v1"
+
+
+async def test_a_half_open_probe_cut_by_the_deadline_does_not_wedge_the_breaker() -> None:
+    """Regression (seen in the failover scenario): the probe batch hit its deadline while Redis
+    was still paused; the probe was never ended, and the breaker refused Redis for good."""
+    hanging = HangingFeatures(SEQ, {})
+    service, breaker = make(ONE, hanging)
+    breaker.record_failure()
+    breaker.record_failure()  # open (failures=2)
+    breaker._opened_at -= 60.0  # the cooldown has passed: the next batch probes
+    out = await service.rank([incoming("r1", "u1", ["a"])], deadlines=[clock.now_ms() + 50])
+    assert out[0].result.reason == replies.REDIS_UNAVAILABLE
+    # Redis is back: the next batch probes again and closes the breaker.
+    service._features = Features(SEQ, {})
+    out = await service.rank([incoming("r2", "u1", ["a"])], deadlines=[FAR])
+    assert not out[0].result.degraded
+    assert breaker.state is BreakerState.CLOSED

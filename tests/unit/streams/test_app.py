@@ -1,9 +1,20 @@
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from streamrank.settings import Settings
-from streams.app import create_app
+from streams.app import create_app, report_lag
 from streams.classify import Record
+
+
+class TP(NamedTuple):
+    topic: str
+    partition: int
+
+
+class Msg(NamedTuple):
+    tp: TP
+    offset: int
 
 
 async def _handler(batch: Sequence[Record]) -> None:
@@ -15,3 +26,22 @@ def test_app_creates_its_data_dir_in_a_fresh_checkout(tmp_path: Path) -> None:
     app = create_app(Settings(run_dir=run_dir), handler=_handler)
     assert (run_dir / "faust").is_dir()
     assert Path(app.conf.datadir).resolve().is_relative_to((run_dir / "faust").resolve())
+
+
+def test_lag_is_reported_only_for_partitions_still_assigned() -> None:
+    """A rebalance that moves a partition away while its batch is written must not stop the
+    worker: aiokafka asserts assignment when reading a high watermark."""
+    kept, moved, racing = TP("clicks", 0), TP("clicks", 1), TP("clicks", 2)
+    marks = {kept: 10, moved: 50, racing: 70}
+
+    def highwater(tp: TP) -> int:
+        assert tp != racing, "Partition is not assigned"  # revoked after the check
+        return marks[tp]
+
+    messages = [Msg(kept, 3), Msg(kept, 6), Msg(moved, 20), Msg(racing, 30)]
+    reported: list[tuple[str, int, int]] = []
+    report_lag(
+        messages, assigned={kept, racing}, highwater=highwater,
+        on_lag=lambda t, p, n: reported.append((t, p, n)),
+    )  # fmt: skip
+    assert reported == [("clicks", 0, 3)]  # 10 - (6 + 1): the last offset of the batch

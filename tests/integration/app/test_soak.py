@@ -1,0 +1,50 @@
+"""`streamrank bench soak`, short (slow): the JSON it promises, every request answered and the
+lag back to 0. The figures themselves (and the latency/memory goals, which a one-minute run on
+a shared machine cannot judge) come from the full run in docs/reliability.md."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import orjson
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+GOALS = {
+    "p99 last minute within 20% of the first after warm-up",
+    "RSS growth < 10% after warm-up",
+    "Redis memory flat once TTLs turn over",
+    "replies == requests",
+    "lag back to 0",
+}
+
+
+def test_bench_soak_short() -> None:
+    args = ["--minutes", "1", "--window-s", "20", "--ttl-s", "10", "--items", "2000",
+            "--backlog-clicks", "5000", "--backlog-requests", "300"]  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "streamrank.cli", "bench", "soak", *args, "--json"],
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=840,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = orjson.loads(result.stdout)
+    assert out["minutes"] == 1
+    assert set(out["goals"]) == GOALS
+    assert len(out["per_minute"]) == 3  # 60 s in 20 s windows
+    for window in out["per_minute"]:
+        assert window["requests"] > 0 and window["clicks"] > 0, window
+        assert window["p99_ms"] >= window["p50_ms"] > 0, window
+        assert set(window["rss_mb"]) == set(window["open_fds"]) == {"features", "scoring"}
+        assert all(v > 0 for v in window["rss_mb"].values()), window
+        assert window["redis_used_memory_mb"] > 0 and set(window["lag"]) == {"features", "scoring"}
+    assert out["max_clicks_per_s"] > 0 and out["max_requests_per_s"] > 0
+    assert out["requests"] > 0 and out["unanswered"] == 0
+    assert out["goals"]["replies == requests"] and out["goals"]["lag back to 0"], out["final_lag"]
+    assert out["workers_alive"] == {"features": True, "scoring": True}
