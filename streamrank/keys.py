@@ -5,85 +5,47 @@ One contract for standalone Redis, Sentinel and Redis Cluster. Every key carries
 one tag always share a hash slot, and every multi-key operation of streamrank (a Lua script, an
 ``MGET``) touches keys of one tag only. On standalone Redis the braces are plain characters.
 
-=====================================  ======  ===================================================
-key                                    type    contents
-=====================================  ======  ===================================================
-``sr:{u:<user>}:seq``                  zset    the user's latest events; score = event ts (epoch
-                                               ms), member = ``event_id \\x1f item_id \\x1f
-                                               category``. Equal scores sort by member bytes,
-                                               i.e. by event_id: the (ts, event_id) order the
-                                               offline training code uses. Capped at
-                                               ``sequence_length``, TTL ``sequence_ttl_s``.
-``sr:{u:<user>}:seen:<event_id>``      string  "1" once the event's effects on its user's keys
-                                               are applied (dedupe for at-least-once replays);
-                                               TTL ``dedupe_ttl_s``. Per user: an event belongs
-                                               to one user, so the marker and the effects it
-                                               gates share a slot.
-``sr:{u:<user>}:cnt:<res>:<bucket>``   hash    one user's clicks in one time bucket: ``res`` is
-                                               the bucket size in seconds (``counter_bucket_s``
-                                               for the 1 h window, ``counter_coarse_bucket_s``
-                                               for 24 h), ``bucket`` the bucket start (epoch s).
-                                               Fields: ``n`` (clicks); coarse buckets also
-                                               ``c:{category}``.
-``sr:{i:<shard>}:cnt:<res>:<bucket>``  hash    the clicks in one time bucket of the items of one
-                                               shard: field = item id, value = clicks. ``shard``
-                                               = :func:`item_shard` (CRC-32 of the id modulo
-                                               :data:`ITEM_COUNTER_SHARDS`), so one bucket of
-                                               every item is that many keys in as many slots,
-                                               not one hot key.
-``sr:{i:<shard>}:seen:<event_id>``     string  "1" once the event's item counts are applied: the
-                                               item shard's own dedupe marker (the user's marker
-                                               lives in another slot, and no script spans two).
-                                               Expires with the event's last counter bucket.
-                                               Counter buckets expire by themselves (PEXPIREAT)
-                                               once no window can reach them: bucket end +
-                                               window + ``counter_lateness_s``.
-``sr:{emb:<version>:<table>}:meta``    hash    embedding table metadata: dim, encoding, rows,
-                                               buckets, shards, oov (the encoded OOV row),
-                                               published_at, publish_id. Written last: a table
-                                               without it is not published.
-``sr:{emb:<version>:<table>:<shard>}:pid``
-                                       string  the table's publish_id, once per shard: the fetch
-                                               script checks it in the slot it reads (the meta is
-                                               in another).
-``sr:{emb:<version>:<table>:<shard>}:<bucket>``
-                                       hash    encoded rows: field = raw id, value = encoded row
-                                               bytes; ``bucket`` (decimal) =
-                                               scoring.embeddings.bucketing.bucket_of(id,
-                                               buckets), ``shard`` = bucket modulo the table's
-                                               shard count (``shards`` in the meta). Buckets are
-                                               small enough to stay in Redis' compact
-                                               ziplist/listpack encoding. Never expires: deleted
-                                               with its version (``streamrank embeddings delete``).
-``sr:{emb}:versions``                  set     published embedding versions (members = version
-                                               names). Version and table names match
-                                               ``[A-Za-z0-9][A-Za-z0-9._-]*`` (no ``:``, braces or
-                                               glob characters), so the SCAN pattern
-                                               ``sr:{emb:<version>:*`` matches exactly one
-                                               version's keys.
-``sr:{model}:active``                  string  the serving model version (``streamrank activate``).
-``sr:{model}:split``                   string  optional canary split, e.g. ``din-a:0.9,din-b:0.1``.
-``sr:{model:<version>}:dense``         string  the version's dense weights (safetensors bytes),
-                                               written by ``streamrank publish`` after the item
-                                               table.
-``sr:{model:<version>}:config``        string  the version's config.json (UTF-8 JSON;
-                                               ``encoding`` = the one its item table was
-                                               published in); written LAST, so its presence means
-                                               the version is fully published.
-``sr:{grp:<group>}:members``           hash    the consumer group's members as they report
-                                               themselves (``streamrank.groups``): field =
-                                               member (client id), value = JSON (host, pid,
-                                               partitions, since, expires). Each worker re-writes
-                                               its field every few seconds; the key's TTL (and
-                                               ``expires``) drop members that are gone. One key
-                                               per group, its own tag (only single-key commands).
-=====================================  ======  ===================================================
+=====================================  ======  ============================================
+Online outcomes and rollouts (not yet cluster-safe: the join script touches one user's keys together
+with the global ``due``/``stats``/``versions`` keys, so the outcomes worker and the rollout run
+on a standalone or Sentinel Redis only, and refuse a Redis Cluster with a clear error; every
+per-user and per-request key takes the user id first, so a re-tagging happens in these
+functions alone):
 
-Ids are embedded verbatim (the message contract forbids control characters in ids, so
-``\\x1f`` can separate fields inside values). An id may contain braces: Redis takes the tag up
-to the first ``}`` after the first ``{``, and every key of one user starts with the same
-``sr:{u:<user>`` (and the tag is never empty), so all of one user's keys still share one slot
-whatever the id holds (a property test checks it with Redis' own slot function).
+====================================  ======  ====================================================
+key                                   type    contents
+====================================  ======  ====================================================
+``sr:out:open:{user_id}``             hash    the user's served records whose attribution window
+                                              is open: field = request_id, value = the pending
+                                              record (JSON: version, served_at, items, scores,
+                                              ranks, clicks so far, its stats key). TTL: window +
+                                              close delay + margin, renewed on every write.
+``sr:out:items:{user_id}``            hash    last-touch index: field = item id, value = the
+                                              ``\x1f``-joined request ids of the user's open
+                                              records that ranked the item (newest last).
+``sr:out:clicks:{user_id}``           zset    the user's clicks no open record claimed yet
+                                              (score = click ts, member = ``event_id \x1f
+                                              item_id``): a served record processed after its
+                                              click still gets it. Same TTL.
+``sr:out:seen:{user_id}:{request_id}``
+                                      string  "1" once a served record is joined (dedupe under
+                                              redelivery); TTL ``dedupe_ttl_s``.
+``sr:out:due``                        zset    open records by close time (member = ``user_id
+                                              \x1f request_id``, score = epoch ms); a closer
+                                              claims entries by moving them forward.
+``sr:out:stats:{bucket_s}:{version}:{start}``
+                                      hash    one version's online statistics of the requests
+                                              served in one time bucket (``start`` = bucket
+                                              start, epoch s): counters, sums and score/latency
+                                              histograms (scoring.rollout.stats). TTL
+                                              ``outcome_retention_s``.
+``sr:out:versions``                   zset    versions that have statistics (score = the latest
+                                              served_at, epoch ms).
+``sr:rollout:state``                  hash    the staged rollout (new, old, steps, step, since,
+                                              status, guard ...; ``rev`` counts transitions).
+``sr:rollout:history``                list    the rollout's decisions, JSON, oldest first.
+``sr:rollout:lease``                  string  the driver holding the lease (owner id); PX TTL.
+====================================  ======  ====================================================
 """
 
 from __future__ import annotations
@@ -238,3 +200,63 @@ def group_members(group: str) -> str:
     """The self-reported members of one consumer group and their partitions (one key, its own
     tag)."""
     return f"{PREFIX}:{{grp:{group}}}:members"
+
+
+# --- online outcomes and rollouts (issue 14) ----------------------------------------------------
+# Built by these functions only; per-user and per-request keys take the user id first, so one
+# hash tag per user can be added here without touching their callers.
+
+
+def outcome_open(user_id: str) -> str:
+    """The user's pending served records (hash: request_id -> JSON)."""
+    return f"{PREFIX}:out:open:{user_id}"
+
+
+def outcome_items(user_id: str) -> str:
+    """The user's last-touch index (hash: item id -> request ids of open records ranking it)."""
+    return f"{PREFIX}:out:items:{user_id}"
+
+
+def outcome_clicks(user_id: str) -> str:
+    """The user's clicks not attributed to any open record yet (zset by click ts)."""
+    return f"{PREFIX}:out:clicks:{user_id}"
+
+
+def outcome_seen(user_id: str, request_id: str) -> str:
+    """The marker of a joined served record."""
+    return f"{PREFIX}:out:seen:{user_id}:{request_id}"
+
+
+def outcome_due() -> str:
+    """Open records by close time (member = ``user_id \\x1f request_id``)."""
+    return f"{PREFIX}:out:due"
+
+
+def outcome_due_member(user_id: str, request_id: str) -> str:
+    """The member of one open record in :func:`outcome_due`."""
+    return f"{user_id}{FIELD_SEP}{request_id}"
+
+
+def outcome_stats(bucket_s: int, version: str, bucket_start_s: int) -> str:
+    """One version's online statistics for the requests served in one time bucket."""
+    return f"{PREFIX}:out:stats:{bucket_s}:{version}:{bucket_start_s}"
+
+
+def outcome_versions() -> str:
+    """Versions with online statistics (zset: version -> latest served_at)."""
+    return f"{PREFIX}:out:versions"
+
+
+def rollout_state() -> str:
+    """The staged rollout's state (hash)."""
+    return f"{PREFIX}:rollout:state"
+
+
+def rollout_history() -> str:
+    """The staged rollout's decisions (list of JSON, oldest first)."""
+    return f"{PREFIX}:rollout:history"
+
+
+def rollout_lease() -> str:
+    """The lease of the one rollout driver allowed to act (string: owner id)."""
+    return f"{PREFIX}:rollout:lease"

@@ -309,6 +309,59 @@ class Settings(BaseSettings):
         1.0, gt=0, description="How often the scoring worker polls the model version pointers."
     )
 
+    # --- online outcomes and rollouts --------------------------------------------------------
+    outcomes_group_id: str = Field(
+        "streamrank-outcomes",
+        description="Consumer group of outcomes workers (they read the served log and the clicks).",
+    )
+    outcome_window_s: int = Field(
+        1800,
+        ge=1,
+        description="Attribution window: a click on a ranked item at most this long after the "
+        "request was served counts for that request (the latest such request: last touch).",
+    )
+    outcome_close_delay_s: int = Field(
+        60,
+        ge=0,
+        description="How long after its window ends a served record stays open for clicks that "
+        "are processed late (consumer lag); then its outcome is final.",
+    )
+    outcome_bucket_s: int = Field(
+        60,
+        ge=1,
+        description="Time bucket of the per-version online statistics in Redis: the resolution of "
+        "rolling windows and rollout steps.",
+    )
+    outcome_retention_s: int = Field(
+        24 * 3600, ge=60, description="How long per-version online statistics are kept in Redis."
+    )
+    outcome_actions: Annotated[tuple[str, ...], NoDecode] = Field(
+        ("click",),
+        description="ClickEvent actions that count as a click on a served item (comma-separated).",
+    )
+    outcomes_topic: str | None = Field(
+        None,
+        description="Topic the outcomes worker writes each final outcome to (key = request_id: "
+        "which ranked items were clicked, at which rank); unset: none written.",
+    )
+    outcomes_redis_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="Socket timeout of the outcomes worker's Redis calls (a join script over a "
+        "batch of served records can outlast redis_timeout_s on a loaded host; a timed-out batch "
+        "is retried, which the join makes harmless).",
+    )
+    outcomes_export_interval_s: float = Field(
+        15.0,
+        ge=0,
+        description="How often an outcomes worker refreshes its online-metric gauges (10 min and "
+        "1 h windows of every version that served in the last hour: one HGETALL per version and "
+        "statistics bucket); 0 turns the export off.",
+    )
+    outcomes_batch_max: int = Field(
+        500, ge=1, description="Most records (served log and clicks) per outcomes-worker batch."
+    )
+
     # --- observability -----------------------------------------------------------------------
     metrics_port: int | None = Field(
         None, ge=0, le=65535, description="/metrics port; 0 disables; unset = per-worker default."
@@ -333,7 +386,11 @@ class Settings(BaseSettings):
         return data
 
     @field_validator(
-        "reply_topics_allowed", "redis_cluster_nodes", "redis_sentinels", mode="before"
+        "reply_topics_allowed",
+        "redis_cluster_nodes",
+        "redis_sentinels",
+        "outcome_actions",
+        mode="before",
     )
     @classmethod
     def _split_csv(cls, value: Any) -> Any:
@@ -369,7 +426,9 @@ class Settings(BaseSettings):
         return "sentinel" if self.redis_sentinels else "standalone"
 
     def all_topics(self) -> tuple[str, ...]:
-        return (self.topic_clicks, self.topic_requests, self.topic_results, self.topic_dead_letters)
+        """Every topic the settings name (the served log and outcomes topics when set)."""
+        base = (self.topic_clicks, self.topic_requests, self.topic_results, self.topic_dead_letters)
+        return base + tuple(t for t in (self.served_log_topic, self.outcomes_topic) if t)
 
     def as_env(self) -> dict[str, str]:
         """``STREAMRANK_*`` variables that hand every field to a child process (workers)."""

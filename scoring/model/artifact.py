@@ -151,6 +151,42 @@ def save_artifact(
     return path
 
 
+def derive_artifact(
+    artifact: Artifact,
+    out_dir: Path,
+    *,
+    version: str,
+    item_table: npt.NDArray[np.float32],
+    note: str,
+) -> Path:
+    """A new version of ``artifact`` with another item table (same ids, dims and weights): a
+    deliberately different model for experiments, e.g. shuffled rows. ``note`` is kept in
+    config.json (``derived``); the test candidates are not copied (they belong to the
+    original's training run)."""
+    if item_table.shape != artifact.item_table.shape:
+        raise ArtifactError(
+            f"derived item table is {list(item_table.shape)}, the original's "
+            f"{list(artifact.item_table.shape)}"
+        )
+    return save_artifact(
+        out_dir,
+        spec=artifact.spec,
+        dense_state=st_load(artifact.dense),
+        item_ids=list(artifact.item_ids),
+        item_table=item_table,
+        oov_row=artifact.oov_row,
+        encoding=artifact.encoding,
+        feature_spec=artifact.config.get("feature_spec", {}),
+        data={
+            **artifact.config.get("data", {}),
+            "derived": {"from": artifact.version, "how": note},
+        },
+        metrics={},
+        train=artifact.config.get("train", {}),
+        version=version,
+    )
+
+
 def _read(path: Path, name: str, expected_sha: str | None) -> bytes:
     file = path / name
     if not file.is_file():

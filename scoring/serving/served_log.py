@@ -3,6 +3,10 @@
 A record holds everything a score depended on besides the model version's weights and item
 table (which the store keeps per version): the history (item ids, ts, event ids) and the
 candidates. Rescoring it with the same version must reproduce the logged scores.
+
+Replies the version routed to could not score (degraded: fallback scores) are logged too, with
+``degraded: true``, the reason and no sequence, so the outcomes worker can count a version's
+degraded share; ``latency_ms`` (request produced -> reply built) gives its latency.
 """
 
 from __future__ import annotations
@@ -24,20 +28,52 @@ def served_record(
     events: Sequence[Any],
     scores: Sequence[float],
     served_at: int,
+    *,
+    latency_ms: float | None = None,
 ) -> dict[str, Any]:
     """The point-in-time record of one scored request (served-log topic, key = request_id)."""
+    record = _record(request, version, scores, served_at, latency_ms=latency_ms, degraded=False)
+    record["sequence"] = {
+        "item_ids": [e.item_id for e in events],
+        "ts": [int(e.ts) for e in events],
+        "event_ids": [e.event_id for e in events],
+    }
+    return record
+
+
+def degraded_record(
+    request: RankRequest,
+    version: str,
+    scores: Sequence[float],
+    served_at: int,
+    *,
+    reason: str | None,
+    latency_ms: float | None = None,
+) -> dict[str, Any]:
+    """The record of a reply routed to ``version`` that got fallback scores instead."""
+    record = _record(request, version, scores, served_at, latency_ms=latency_ms, degraded=True)
+    record["reason"] = reason
+    return record
+
+
+def _record(
+    request: RankRequest,
+    version: str,
+    scores: Sequence[float],
+    served_at: int,
+    *,
+    latency_ms: float | None,
+    degraded: bool,
+) -> dict[str, Any]:
     return {
         "request_id": request.request_id,
         "user_id": request.user_id,
         "model_version": version,
-        "sequence": {
-            "item_ids": [e.item_id for e in events],
-            "ts": [int(e.ts) for e in events],
-            "event_ids": [e.event_id for e in events],
-        },
         "items": list(request.items),
         "scores": list(scores),
         "served_at": served_at,
+        "degraded": degraded,
+        "latency_ms": latency_ms,
     }
 
 
@@ -45,6 +81,11 @@ async def rescore(
     record: Mapping[str, Any], *, scorer: Scorer, embeddings: EmbeddingSource
 ) -> np.ndarray:
     """Score a logged record again, alone (B=1), with the record's own version."""
+    if record.get("degraded"):
+        raise ValueError(
+            f"served record {record.get('request_id')!r} is degraded: its scores are a fallback, "
+            "not the version's; skip records with degraded true"
+        )
     history = list(record["sequence"]["item_ids"])
     items = list(record["items"])
     batch = assemble([history], [items], max_history=max(1, len(history)))

@@ -28,7 +28,7 @@ from scoring.serving.assemble import assemble, gather, split_scores
 from scoring.serving.breaker import CircuitBreaker
 from scoring.serving.metrics import ScoringMetrics
 from scoring.serving.protocols import EmbeddingSource, FeatureSource, Scorer
-from scoring.serving.served_log import served_record
+from scoring.serving.served_log import degraded_record, served_record
 from scoring.serving.watcher import RecentIds, Serving
 from streamrank import clock, keys, redis_errors
 from streamrank.errors import DependencyUnavailable, StreamrankError
@@ -131,11 +131,19 @@ class RankService:
         arrival = self._clock_ms()
         out: list[Ranked | None] = [None] * len(batch)
         live: list[int] = []
+        expired: list[int] = []
         for i, incoming in enumerate(batch):
             if deadlines[i] <= arrival:
+                expired.append(i)
                 out[i] = Ranked(self._result(incoming, (), "", True, replies.EXPIRED, {}))
             else:
                 live.append(i)
+        if expired and self._log_served:
+            routed = self._routed([batch[i] for i in expired])
+            for i, version in zip(expired, routed or (), strict=True):
+                ranked = out[i]
+                assert ranked is not None
+                ranked.served = self._degraded_served(batch[i], version, ranked.result)
         if live:
             until = min(deadlines[i] for i in live)
             ranked_live = await self._rank_live([batch[i] for i in live], start, until)
@@ -154,19 +162,20 @@ class RankService:
         serving = self._serving()
         if serving is None:
             return await self._fallback(batch, replies.NO_MODEL, start, until_ms)
-        if not self._breaker.allow():
-            return await self._fallback(batch, replies.BREAKER_OPEN, start, None)
         users = [b.request.user_id for b in batch]
+        routed = serving.assign(users)
+        if not self._breaker.allow():
+            return await self._fallback(batch, replies.BREAKER_OPEN, start, None, routed=routed)
         t0 = time.perf_counter()
         try:
             async with self._within(until_ms):
                 sequences = await self._features.get_sequences(users)
         except REDIS_FAILURES as exc:
-            return await self._redis_failed(batch, exc, start, until_ms)
+            return await self._redis_failed(batch, exc, start, until_ms, routed)
         t_seq = time.perf_counter() - t0
         events = [list(sequences.get(u, ()))[-self._sequence_length :] for u in users]
         groups: dict[str, _Group] = {}
-        for i, version in enumerate(serving.assign(users)):
+        for i, version in enumerate(routed):
             groups.setdefault(version, _Group(version)).members.append(i)
         scores: list[list[float] | None] = [None] * len(batch)
         versions: list[str] = [""] * len(batch)
@@ -198,17 +207,21 @@ class RankService:
                 if self._recent is not None:
                     self._recent.add(assembled.unique_ids)
         except REDIS_FAILURES as exc:
-            return await self._redis_failed(batch, exc, start, until_ms)
+            return await self._redis_failed(batch, exc, start, until_ms, routed)
         except StreamrankError as exc:
             self._breaker.record_success()  # Redis answered: ends a half-open probe
             logger.error("model version unusable (%s); serving popularity fallback", exc)
-            return await self._fallback(batch, replies.MODEL_UNAVAILABLE, start, until_ms)
+            return await self._fallback(
+                batch, replies.MODEL_UNAVAILABLE, start, until_ms, routed=routed
+            )
         except Exception:
             self._breaker.record_success()  # Redis answered: ends a half-open probe
             logger.exception(
                 "scoring a batch of %d failed; serving popularity fallback", len(batch)
             )
-            return await self._fallback(batch, replies.INTERNAL_ERROR, start, until_ms)
+            return await self._fallback(
+                batch, replies.INTERNAL_ERROR, start, until_ms, routed=routed
+            )
         self._breaker.record_success()
         stages = {
             "sequence_fetch": t_seq * 1000,
@@ -219,18 +232,37 @@ class RankService:
         for i, incoming in enumerate(batch):
             score_row = scores[i] or []
             result = self._result(incoming, score_row, versions[i], False, None, stages, start)
-            served = (
-                served_record(incoming.request, versions[i], events[i], score_row, result.served_at)
-                if self._log_served
-                else None
-            )
+            served = None
+            if self._log_served:
+                served = served_record(
+                    incoming.request, versions[i], events[i], score_row, result.served_at,
+                    latency_ms=_latency_ms(result),
+                )  # fmt: skip
             out.append(Ranked(result, served))
         return out
 
     # --- degradation ------------------------------------------------------------------------
 
+    def _routed(self, batch: Sequence[Incoming]) -> list[str] | None:
+        """The version each request is routed to by the current split (None: no model)."""
+        serving = self._serving()
+        return None if serving is None else serving.assign([b.request.user_id for b in batch])
+
+    def _degraded_served(
+        self, incoming: Incoming, version: str, result: RankResult
+    ) -> dict[str, Any]:
+        return degraded_record(
+            incoming.request, version, result.scores, result.served_at,
+            reason=result.reason, latency_ms=_latency_ms(result),
+        )  # fmt: skip
+
     async def _redis_failed(
-        self, batch: Sequence[Incoming], exc: BaseException, start: float, until_ms: int
+        self,
+        batch: Sequence[Incoming],
+        exc: BaseException,
+        start: float,
+        until_ms: int,
+        routed: Sequence[str] | None = None,
     ) -> list[Ranked]:
         self._metrics.redis_errors.inc()
         if isinstance(exc, TimeoutError):
@@ -247,7 +279,9 @@ class RankService:
                     self._cut_by_deadline,
                 )
                 self._cut_logged_at, self._cut_by_deadline = now, 0
-            return await self._fallback(batch, replies.REDIS_UNAVAILABLE, start, None)
+            return await self._fallback(
+                batch, replies.REDIS_UNAVAILABLE, start, None, routed=routed
+            )
         self._breaker.record_failure()
         logger.warning(
             "Redis failed for a batch of %d (%s: %s); degraded replies",
@@ -255,13 +289,22 @@ class RankService:
             type(exc).__name__,
             exc,
         )
-        return await self._fallback(batch, replies.REDIS_UNAVAILABLE, start, until_ms)
+        return await self._fallback(
+            batch, replies.REDIS_UNAVAILABLE, start, until_ms, routed=routed
+        )
 
     async def _fallback(
-        self, batch: Sequence[Incoming], reason: str, start: float, until_ms: int | None
+        self,
+        batch: Sequence[Incoming],
+        reason: str,
+        start: float,
+        until_ms: int | None,
+        *,
+        routed: Sequence[str] | None = None,
     ) -> list[Ranked]:
         """Item popularity from the counters when Redis answers before ``until_ms``, else (or
-        when ``until_ms`` is None) a neutral ranking."""
+        when ``until_ms`` is None) a neutral ranking. ``routed``: the version each request was
+        routed to (logged as degraded for it)."""
         popularity: Mapping[str, float] | None = None
         if until_ms is not None and until_ms > self._clock_ms() and self._breaker.allow():
             ids = sorted({i for b in batch for i in b.request.items})
@@ -277,13 +320,19 @@ class RankService:
                 self._breaker.record_failure()
                 logger.warning("popularity fallback failed too (%s); neutral ranking", exc)
         out = []
-        for incoming in batch:
+        for n, incoming in enumerate(batch):
             items = incoming.request.items
             if popularity is None:
                 row = replies.neutral_scores(len(items))
             else:
                 row = replies.popularity_scores(np.array([popularity[i] for i in items]))
-            out.append(Ranked(self._result(incoming, row.tolist(), "", True, reason, {}, start)))
+            result = self._result(incoming, row.tolist(), "", True, reason, {}, start)
+            served = (
+                self._degraded_served(incoming, routed[n], result)
+                if self._log_served and routed is not None
+                else None
+            )
+            out.append(Ranked(result, served))
         return out
 
     def _result(
@@ -317,3 +366,10 @@ class RankService:
             timings_ms=timings,
             served_at=served_at,
         )
+
+
+def _latency_ms(result: RankResult) -> float | None:
+    """Request produced -> reply built, as the reply's timings say."""
+    timings = result.timings_ms
+    value = timings.get("total", timings.get("queue_wait"))
+    return None if value is None else float(value)

@@ -50,6 +50,12 @@ def _codecs() -> ModuleType:
     return codecs
 
 
+def _rollout() -> ModuleType:
+    from streamrank.bench import rollout
+
+    return rollout
+
+
 def _drive() -> ModuleType:
     from streamrank.bench import drive
 
@@ -68,6 +74,10 @@ BENCHMARKS: dict[str, tuple[Callable[[], ModuleType], str]] = {
     "scoring": (_scoring, "end-to-end ranking throughput and latency"),
     "model": (_model, "DIN forward throughput: straightforward vs serving split"),
     "codecs": (_codecs, "bytes and CPU of each producer compression codec"),
+    "rollout": (
+        _rollout,
+        "staged rollouts on ml-100k decided by online metrics (good, bad, equal)",
+    ),
     "rebalance": (_rebalance, "reply pauses when consumer-group membership changes"),
     "drive": (_drive, "steady clicks and rank requests, every message and reply recorded"),
     "soak": (_soak, "sustained load for M minutes: latency, memory, descriptors, lag per minute"),

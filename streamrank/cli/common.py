@@ -33,7 +33,7 @@ def worker_kinds(sub: Any) -> Any:
     """The subparsers of ``streamrank worker KIND``, shared by the areas that add a worker kind."""
     worker = sub.choices.get("worker")
     if worker is None:
-        worker = sub.add_parser("worker", help="run a worker process (features, scoring)")
+        worker = sub.add_parser("worker", help="run a worker process (features, scoring, outcomes)")
         kinds = worker.add_subparsers(dest="worker_kind", metavar="KIND")
         kinds.required = True
         worker.kinds = kinds

@@ -24,6 +24,7 @@ from streamrank.cli import (
     lag,
     model,
     replay,
+    rollout,
     scoring,
     settings,
     stack,
@@ -37,7 +38,8 @@ from streamrank.redis_errors import is_transient
 logger = logging.getLogger("streamrank")
 
 COMMANDS = (
-    stack, demo, bench, settings, lag, tail, dlq, top, embeddings, features, model, scoring, replay,
+    stack, demo, bench, settings, lag, tail, dlq, top, embeddings, features, model, scoring,
+    rollout, replay,
 )  # fmt: skip
 
 

@@ -8,9 +8,10 @@ from typing import Any
 
 from scoring.model.artifact import CANDIDATES_FILE, load_artifact
 from streamrank.cli.common import print_json, run_async
+from streamrank.devstack.cases import load_cases, newest_artifact
 from streamrank.devstack.pipeline import stack_or_private
 from streamrank.errors import StreamrankError
-from streamrank.replay import load_cases, newest_artifact, run_replay, say
+from streamrank.replay import run_replay, say
 from streamrank.settings import Settings
 
 

@@ -24,7 +24,8 @@ from streamrank.settings import Settings
 
 SCORING_READY = "scoring worker consuming"  # logged by ScoringWorker.start once it consumes
 FEATURES_READY = "Worker ready"  # logged by Faust once the features worker is assigned
-READY = {"features": FEATURES_READY, "scoring": SCORING_READY}
+OUTCOMES_READY = "outcomes worker consuming"  # logged by OutcomesWorker.start
+READY = {"features": FEATURES_READY, "scoring": SCORING_READY, "outcomes": OUTCOMES_READY}
 
 
 @dataclass

@@ -13,7 +13,7 @@ import pytest
 from scoring.model.artifact import CANDIDATES_FILE, load_artifact
 from streamrank import keys
 from streamrank.cli.main import main
-from streamrank.replay import load_cases, offline_scores
+from streamrank.devstack.cases import load_cases, offline_scores
 from tests.conftest import StackInfo
 from tests.integration.support.scoring import train_tiny_artifact
 

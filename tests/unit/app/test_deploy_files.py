@@ -55,11 +55,11 @@ def test_file_parses_and_sets_only_real_settings(path: Path) -> None:
 def test_compose_commands_exist_and_metrics_ports_match() -> None:
     compose = load_all(ROOT / "docker-compose.yml")[0]
     parser = build_parser()
-    for name in ("topics", "features", "scoring"):
+    for name in ("topics", "features", "scoring", "outcomes"):
         command = compose["services"][name]["command"]
         parser.parse_args(command)  # exits (SystemExit) on an unknown command
     healthcheck_keys = {"test", "interval", "timeout", "retries", "start_period", "start_interval"}
-    for kind in ("features", "scoring"):
+    for kind in ("features", "scoring", "outcomes"):
         env = compose["services"][kind]["environment"]
         assert env["STREAMRANK_METRICS_PORT"] == str(DEFAULT_PORTS[kind])
         check = compose["services"][kind]["healthcheck"]
@@ -86,7 +86,7 @@ def worker(kind: str) -> dict[str, Any]:
 
 def test_kubernetes_workers_run_real_commands_with_probes_on_their_metrics_ports() -> None:
     parser = build_parser()
-    for kind in ("features", "scoring"):
+    for kind in ("features", "scoring", "outcomes"):
         statefulset = worker(kind)
         container = statefulset["spec"]["template"]["spec"]["containers"][0]
         parser.parse_args(container["args"])

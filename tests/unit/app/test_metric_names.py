@@ -10,6 +10,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from scoring.embeddings.metrics import EmbeddingCacheMetrics
+from scoring.rollout.metrics import OutcomeMetrics, RolloutMetrics
 from scoring.serving.metrics import ScoringMetrics
 from streams.metrics import FeatureMetrics
 
@@ -22,6 +23,8 @@ def exported_names() -> set[str]:
     FeatureMetrics(registry)
     ScoringMetrics(registry)
     EmbeddingCacheMetrics.build(registry)
+    OutcomeMetrics(registry)
+    RolloutMetrics(registry)
     names: set[str] = set()
     for family in registry.collect():
         names.add(family.name)

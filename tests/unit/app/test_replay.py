@@ -10,15 +10,15 @@ import pytest
 
 from scoring.embeddings.codec import roundtrip
 from scoring.model.artifact import load_artifact
-from streamrank.errors import StreamrankError
-from streamrank.replay import (
+from streamrank.devstack.cases import (
     Case,
     click_events,
-    differences,
     expected_sequences,
     load_cases,
     offline_scores,
 )
+from streamrank.errors import StreamrankError
+from streamrank.replay import differences
 from tests.unit.model.test_artifact import make_artifact
 
 

@@ -208,7 +208,9 @@ async def test_canary_groups_score_with_their_own_version() -> None:
 
 
 def test_served_record_shape_and_values() -> None:
-    rec = served_record(RankRequest("r", "u", ("a",)), "v1", [Event("x", 5, "e1")], [0.25], 99)
+    rec = served_record(
+        RankRequest("r", "u", ("a",)), "v1", [Event("x", 5, "e1")], [0.25], 99, latency_ms=4.5
+    )
     assert rec == {
         "request_id": "r",
         "user_id": "u",
@@ -217,7 +219,35 @@ def test_served_record_shape_and_values() -> None:
         "items": ["a"],
         "scores": [0.25],
         "served_at": 99,
+        "degraded": False,
+        "latency_ms": 4.5,
     }
+
+
+async def test_degraded_replies_are_logged_for_the_version_they_were_routed_to() -> None:
+    """The outcomes worker counts a version's degraded share from these records."""
+    split = parse_split("v1:0.5,v2:0.5")
+    serving = Serving(
+        split=split, scorers={"v1": MeanDotScorer(), "v2": MeanDotScorer()}, source="split"
+    )
+    features = Features(SEQ, {"a": 2.0})
+    features.fail_sequences = True
+    service, _ = make(serving, features, log_served=True)
+    users = [f"user{i}" for i in range(12)]
+    batch = [incoming(f"r{i}", u, ["a", "b"]) for i, u in enumerate(users)]
+    out = await service.rank(batch, deadlines=[FAR] * 6 + [0] * 6)  # the last six expired
+    for ranked, version in zip(out, serving.assign(users), strict=True):
+        assert ranked.result.degraded and ranked.served is not None
+        assert ranked.served["degraded"] is True and ranked.served["model_version"] == version
+        assert ranked.served["reason"] == ranked.result.reason
+        assert ranked.served["scores"] == list(ranked.result.scores)
+        assert "sequence" not in ranked.served
+    assert {r.result.reason for r in out} == {replies.REDIS_UNAVAILABLE, replies.EXPIRED}
+    assert out[0].served is not None and out[0].served["latency_ms"] is not None
+    # no model at all: nothing is routed, nothing logged
+    service, _ = make(None, Features(SEQ, {}), log_served=True)
+    out = await service.rank([incoming("r1", "u1", ["a"])], deadlines=[FAR])
+    assert out[0].result.degraded and out[0].served is None
 
 
 class BrokenEmbeddings(Embeddings):

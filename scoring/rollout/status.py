@@ -1,0 +1,135 @@
+"""What ``streamrank rollout status`` shows: the versions serving now with their online metrics
+and intervals over one window, each compared with the baseline, and the rollout's state."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from scoring.model.canary import parse_split
+from scoring.rollout.guard import evaluate, parse_guard
+from scoring.rollout.online import Window, read_stats
+from scoring.rollout.state import RolloutStore
+from scoring.rollout.stats import Estimate, compare, summarize
+from streamrank import keys
+from streamrank.redis_errors import redis_call
+
+VERDICT_METRICS = ("auc", "gauc", "ctr5", "mrr")
+
+
+def verdict(diff: Estimate) -> str:
+    """better / worse when the interval of ``new - old`` excludes 0, else not yet significant."""
+    if diff.lo is None or diff.hi is None:
+        return "no data yet"
+    if diff.lo > 0:
+        return "better"
+    if diff.hi < 0:
+        return "worse"
+    return "not yet significant"
+
+
+def _text(value: bytes | str | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+async def rollout_status(
+    redis: aioredis.Redis, *, bucket_s: int, window_s: int | None, now_ms: int
+) -> dict[str, Any]:
+    """The report as a JSON-able dict (the CLI prints it as a table or as JSON).
+
+    The window is the current step's (requests served since it began) while a rollout is
+    running, else the trailing ``window_s`` (default 10 minutes)."""
+    store = RolloutStore(redis=redis)
+    with redis_call("reading the serving pointers", "check that Redis is up"):
+        active, split_text = await redis.mget([keys.active_model(), keys.model_split()])
+    state = await store.read()
+    history = await store.history(10)
+    holder, lease_left = await store.lease_holder()
+    serving: dict[str, float] = {}
+    if _text(split_text):
+        serving = dict(parse_split(str(_text(split_text))))
+    elif _text(active):
+        serving = {str(_text(active)): 1.0}
+    if state is not None and state.active and window_s is None:
+        window = Window(state.since_ms, now_ms, bucket_s)
+        since = datetime.fromtimestamp(state.since_ms / 1000, UTC).strftime("%H:%M:%S UTC")
+        window_name = f"the current step's (since {since}, {(now_ms - state.since_ms) / 1000:.0f}s)"
+    else:
+        seconds = window_s or 600
+        window = Window.trailing(seconds, now_ms=now_ms, bucket_s=bucket_s)
+        window_name = f"last {seconds}s"
+    versions = list(serving)
+    if state is not None:
+        versions += [v for v in (state.new, state.old) if v not in versions]
+    stats = await read_stats(redis, versions, window) if versions else {}
+    summaries = {v: summarize(x) for v, x in stats.items()}
+    baseline: str | None
+    if state is not None and state.active:
+        baseline = state.old
+    else:
+        baseline = max(serving, key=lambda v: serving[v]) if serving else None
+    rows = []
+    for version in versions:
+        s = summaries[version]
+        role = (
+            "new"
+            if state is not None and state.active and version == state.new
+            else "baseline"
+            if version == baseline
+            else "serving"
+            if version in serving
+            else "not serving"
+        )
+        row: dict[str, Any] = {"version": version, "role": role, "share": serving.get(version, 0.0)}
+        row.update(s.to_json())
+        if baseline is not None and version != baseline and version in serving:
+            comparisons = {m: compare(m, s, summaries[baseline]) for m in VERDICT_METRICS}
+            row["vs_baseline"] = {
+                m: {**d.to_json(), "verdict": verdict(d)} for m, d in comparisons.items()
+            }
+        rows.append(row)
+    report: dict[str, Any] = {
+        "now_ms": now_ms,
+        "window": {"name": window_name, "start_ms": window.start_ms, "end_ms": window.end_ms},
+        "baseline": baseline,
+        "versions": rows,
+        "rollout": None,
+    }
+    if state is not None:
+        guard = []
+        if state.active:
+            checks = parse_guard(state.guard)
+            results = evaluate(
+                checks, stats[state.new], stats[state.old], min_outcomes=state.min_outcomes
+            )
+            guard = [
+                {
+                    "check": r.check.describe(),
+                    "metric": r.check.metric,
+                    "status": r.status,
+                    **r.estimate.to_json(),
+                    "detail": r.detail,
+                    "kind": "new" if r.check.metric in ("p99", "degraded") else "new - old",
+                }
+                for r in results
+            ]
+        report["rollout"] = {
+            "new": state.new,
+            "old": state.old,
+            "status": state.status,
+            "steps": list(state.steps),
+            "step": state.step,
+            "share": state.share,
+            "since_ms": state.since_ms,
+            "held_s": round((now_ms - state.since_ms) / 1000, 1),
+            "hold_s": state.hold_s,
+            "min_outcomes": state.min_outcomes,
+            "guard": state.guard,
+            "reason": state.reason,
+            "checks": guard,
+            "driver": {"owner": holder, "lease_left_s": round(lease_left / 1000, 1)},
+            "history": history,
+        }
+    return report
