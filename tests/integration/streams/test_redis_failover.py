@@ -14,6 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streamrank.devstack.processes import WorkerProcess, start_worker
 from streamrank.devstack.stack import private_redis
@@ -45,7 +46,7 @@ def clicks(unique: str, users: list[str], start: int, n: int) -> list[tuple[byte
 
 async def applied_exactly_once(settings: Settings, users: list[str], unique: str, n: int) -> None:
     """Every one of the first ``n`` clicks is in its user's sequence, and counted once."""
-    members = await sequence_members(settings.redis_dsn, users)
+    members = await sequence_members(settings, users)
     assert sorted(e for m in members.values() for e in m) == [f"{unique}-{i:05d}" for i in range(n)]
     client = redis_client(settings)
     try:
@@ -58,8 +59,9 @@ async def applied_exactly_once(settings: Settings, users: list[str], unique: str
 async def wait_applied(settings: Settings, users: list[str], n: int, *, timeout_s: float) -> None:
     async def count() -> bool:
         try:
-            members = await sequence_members(settings.redis_dsn, users)
-        except RedisConnectionError:  # still loading (BusyLoadingError is one)
+            members = await sequence_members(settings, users)
+        except (RedisConnectionError, RedisTimeoutError):  # still loading (BusyLoadingError is
+            # a ConnectionError), or too slow to answer within the socket timeout while it loads
             return False
         return sum(len(m) for m in members.values()) >= n
 
