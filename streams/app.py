@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -58,6 +59,17 @@ def report_lag(
             continue
         if mark is not None:
             on_lag(tp.topic, tp.partition, max(0, mark - (offset + 1)))
+
+
+def mark_processing(monitor: Any, messages: Sequence[Any], *, now: float) -> None:
+    """Tell Faust's monitor (its public ``stream_inbound_time``, the time a stream last took a
+    record of each partition) that these partitions' records are being processed: the batch
+    path bypasses Faust's streams, and Faust's event-path check would otherwise log "Stream has
+    not started processing" for every partition with lag, as if the worker were stuck."""
+    if monitor is None:
+        return
+    for tp in {m.tp for m in messages}:
+        monitor.stream_inbound_time[tp] = now
 
 
 class FeaturesConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -134,6 +146,7 @@ class FeaturesConsumer(faust_aiokafka.Consumer):
                         await self._add_gap(tp, last + 1, message.offset - 1)
                     read_offset[tp] = message.offset
                 records = [_record(m) for m in messages]
+                mark_processing(self.app.monitor, messages, now=time.monotonic())
                 inflight.append((asyncio.ensure_future(handler(records)), messages))
                 while inflight and (len(inflight) >= max_inflight or inflight[0][0].done()):
                     await finish_oldest()

@@ -3,7 +3,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from streamrank.settings import Settings
-from streams.app import create_app, report_lag
+from streams.app import create_app, mark_processing, report_lag
 from streams.classify import Record
 
 
@@ -45,3 +45,18 @@ def test_lag_is_reported_only_for_partitions_still_assigned() -> None:
         on_lag=lambda t, p, n: reported.append((t, p, n)),
     )  # fmt: skip
     assert reported == [("clicks", 0, 3)]  # 10 - (6 + 1): the last offset of the batch
+
+
+def test_batches_count_as_stream_processing_for_fausts_monitor() -> None:
+    """Faust's event-path check reads the monitor's stream_inbound_time; without it every
+    partition with lag is reported as "Stream has not started processing"."""
+
+    class Monitor:
+        def __init__(self) -> None:
+            self.stream_inbound_time: dict[TP, float] = {}
+
+    monitor = Monitor()
+    a, b = TP("clicks", 0), TP("clicks", 1)
+    mark_processing(monitor, [Msg(a, 1), Msg(a, 2), Msg(b, 7)], now=12.5)
+    assert monitor.stream_inbound_time == {a: 12.5, b: 12.5}
+    mark_processing(None, [Msg(a, 3)], now=13.0)  # an app without a monitor: nothing to tell
