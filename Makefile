@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 TORCH_VERSION = 2.13.0
 
-.PHONY: setup demo test test-slow test-cluster lint typecheck unit stack-up stack-down clean docs
+.PHONY: setup demo test test-slow test-quarantined test-cluster lint typecheck unit stack-up stack-down clean docs
 
 setup: $(STAMP)
 
@@ -43,7 +43,11 @@ test: setup lint typecheck
 # consumer-group scale test, the Redis Cluster failover and resharding tests, ...); CI runs
 # them too (see docs/reliability.md).
 test-slow: setup
-	$(BIN)/pytest -q -m slow
+	$(BIN)/pytest -q -m "slow and not quarantined"
+
+# Tests whose failure is being investigated (each marker says what); not run by CI.
+test-quarantined: setup
+	$(BIN)/pytest -q -m quarantined
 
 test-cluster: setup
 	STREAMRANK_TEST_REDIS=cluster $(BIN)/pytest -q tests/integration

@@ -378,6 +378,11 @@ def request_messages(draw: st.DrawFn, tag: str, items: list[str]) -> Drawn:
 # Each example is a corpus through real workers (seconds): a few examples of a few dozen
 # messages (larger corpora overrun hypothesis's buffer and are discarded), no shrinking (a
 # failure is reported with its whole corpus).
+@pytest.mark.quarantined(
+    "CI run 2026-12-01: one valid click (event id '<prefix>-\\ufeff') was not in its user's "
+    "sequence within 120 s; the features worker logged no error, and hypothesis could not "
+    "reproduce it on the same example (FlakyFailure)"
+)
 @settings(max_examples=20, deadline=None, derandomize=True, phases=[Phase.generate],
           suppress_health_check=list(HealthCheck))  # fmt: skip
 @given(data=st.data())
