@@ -81,6 +81,46 @@ def configure_torch(settings: Settings) -> None:
         torch.set_num_interop_threads(settings.torch_interop_threads)
 
 
+def reply_producer(settings: Settings) -> AIOKafkaProducer:
+    """The producer of replies (and dead letters): every broker acknowledgement awaited."""
+    return kafka.producer(settings, acks="all", linger_ms=1)
+
+
+def request_consumer(settings: Settings, *, group_id: str, client_id: str) -> AIOKafkaConsumer:
+    """The consumer of rank requests, offsets committed by the worker after the replies."""
+    return kafka.consumer(
+        settings,
+        group_id=group_id,
+        client_id=client_id,
+        **kafka.group_kwargs(settings),
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_poll_records=settings.scoring_batch_max,
+        fetch_max_wait_ms=settings.scoring_fetch_wait_ms,
+    )
+
+
+async def next_batch(
+    consumer: AIOKafkaConsumer, settings: Settings
+) -> list[ConsumerRecord[Any, Any]]:
+    """Up to ``scoring_batch_max`` records: the first wait is open-ended (200 ms polls), then
+    more are gathered for at most ``scoring_batch_wait_ms``."""
+    got = await consumer.getmany(timeout_ms=200, max_records=settings.scoring_batch_max)
+    records = [r for part in got.values() for r in part]
+    if not records or settings.scoring_batch_wait_ms <= 0:
+        return records
+    deadline = time.monotonic() + settings.scoring_batch_wait_ms / 1000
+    while len(records) < settings.scoring_batch_max:
+        left_ms = int((deadline - time.monotonic()) * 1000)
+        if left_ms <= 0:
+            break
+        more = await consumer.getmany(
+            timeout_ms=left_ms, max_records=settings.scoring_batch_max - len(records)
+        )
+        records.extend(r for part in more.values() for r in part)
+    return records
+
+
 def real_dependencies(
     settings: Settings, redis: aioredis.Redis, metrics: ScoringMetrics
 ) -> tuple[FeatureSource, EmbeddingSource, Loader]:
@@ -199,17 +239,8 @@ class ScoringWorker:
             ),
             asyncio.create_task(self._registration.run(), name="group-registry"),
         ]
-        self._producer = kafka.producer(s, acks="all", linger_ms=1)
-        consumer = kafka.consumer(
-            s,
-            group_id=self._group_id,
-            client_id=self.client_id,
-            **kafka.group_kwargs(s),
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_poll_records=s.scoring_batch_max,
-            fetch_max_wait_ms=s.scoring_fetch_wait_ms,
-        )
+        self._producer = reply_producer(s)
+        consumer = request_consumer(s, group_id=self._group_id, client_id=self.client_id)
         consumer.subscribe([s.topic_requests], listener=self.rebalance)
         self._revoked_at = time.monotonic()  # the first join counts as a rebalance too
         try:
@@ -291,24 +322,8 @@ class ScoringWorker:
     # --- the loop ---------------------------------------------------------------------------
 
     async def _next_batch(self) -> list[ConsumerRecord[Any, Any]]:
-        """Up to ``scoring_batch_max`` records: the first wait is open-ended (200 ms polls),
-        then more are gathered for at most ``scoring_batch_wait_ms``."""
         assert self._consumer is not None
-        s = self.settings
-        got = await self._consumer.getmany(timeout_ms=200, max_records=s.scoring_batch_max)
-        records = [r for part in got.values() for r in part]
-        if not records or s.scoring_batch_wait_ms <= 0:
-            return records
-        deadline = time.monotonic() + s.scoring_batch_wait_ms / 1000
-        while len(records) < s.scoring_batch_max:
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0:
-                break
-            more = await self._consumer.getmany(
-                timeout_ms=left_ms, max_records=s.scoring_batch_max - len(records)
-            )
-            records.extend(r for part in more.values() for r in part)
-        return records
+        return await next_batch(self._consumer, self.settings)
 
     async def run(self) -> None:
         """Consume until :meth:`request_stop` (or cancellation).

@@ -10,6 +10,11 @@ stack's active pointer is left alone):
   modes (per request / batched across requests); the default mode is the faster one;
 * ``latency``: p50/p99 (client send -> reply received) at fixed offered rates;
 * ``naive_max_rps``: the naive worker (``streamrank.bench.naive``) in the same run;
+* ``echo``: the floor, the echo worker (``streamrank.bench.echo``: same broker, topics and
+  client settings, replies without lookup or compute), its ``max_rps`` and ``latency`` at the
+  same rates; ``overhead_p99_ms`` = our p99 minus the echo's at each rate;
+* ``loadgen_cpu_percent`` (per rate) and ``saturation_loadgen_cpu_percent``: the load
+  generator's own CPU (% of one core), to see what the host was doing;
 * ``forward_only_rps``: the DIN serving forward alone on the same inputs.
 
 If the configured stack does not answer, a private embedded stack is started on free ports
@@ -49,8 +54,10 @@ from streamrank.topics import create_topics
 
 logger = logging.getLogger(__name__)
 
-GOAL_MAX_RPS = 400.0
+GOAL_MAX_RPS = 1000.0
+GOAL_SHARE_OF_FORWARD = 0.65
 GOAL_P99_MS_AT_200 = 25.0
+GOAL_OVERHEAD_P99_MS = 10.0
 GOAL_SPEEDUP = 3.0
 
 
@@ -250,7 +257,9 @@ async def _run(args: argparse.Namespace, base: Settings, stack_kind: str) -> dic
     rates = [float(r) for r in args.rates.split(",") if r.strip()]
     n_rate = sum(int(r * args.rate_seconds) for r in rates)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    total = 400 + args.saturation_requests * len(modes) + n_rate + args.naive_requests + 50
+    # every mode's saturation, then the echo's (warm-up 200, saturation, the rates), the naive's
+    total = (200 * (len(modes) + 1) + args.saturation_requests * (len(modes) + 1) + 2 * n_rate + args.naive_requests
+             + 50)  # fmt: skip
     t0 = time.perf_counter()
     requests = make_requests(n=total, users=args.users, n_items=args.items,
                              candidates=args.candidates, zipf_a=args.zipf, seed=args.seed)  # fmt: skip
@@ -303,10 +312,17 @@ async def _run(args: argparse.Namespace, base: Settings, stack_kind: str) -> dic
     max_rps = result.get("max_rps", 0.0)
     naive = result.get("naive_max_rps", 0.0)
     p99_200 = result.get("latency", {}).get("200", {}).get("p99_ms")
+    forward_rps = result.get("forward_only_rps", 0.0)
+    overhead_200 = result.get("overhead_p99_ms", {}).get("200")
     result["speedup_vs_naive"] = round(max_rps / naive, 2) if naive else None
+    result["max_rps_vs_forward_only"] = round(max_rps / forward_rps, 3) if forward_rps else None
     result["goals"] = {
-        "max_rps >= 400": max_rps >= GOAL_MAX_RPS,
+        "max_rps >= 1000": max_rps >= GOAL_MAX_RPS,
+        "max_rps >= 65% of forward-only": bool(forward_rps)
+        and max_rps >= GOAL_SHARE_OF_FORWARD * forward_rps,
         "p99 <= 25 ms at 200 req/s": p99_200 is not None and p99_200 <= GOAL_P99_MS_AT_200,
+        "p99 - echo p99 <= 10 ms at 200 req/s": overhead_200 is not None
+        and overhead_200 <= GOAL_OVERHEAD_P99_MS,
         "max_rps >= 3x naive": bool(naive) and max_rps >= GOAL_SPEEDUP * naive,
     }
     result["config"] = {
@@ -361,7 +377,10 @@ async def _measure(
                               results_topic=settings.topic_results) as driver:  # fmt: skip
                 await warm_up(driver, take(200))
                 cpu0 = cpu_seconds(proc.pid)
+                loadgen0, wall0 = cpu_seconds(os.getpid()), time.perf_counter()
                 rps, stats = await driver.saturate(take(args.saturation_requests))
+                loadgen = (cpu_seconds(os.getpid()) - loadgen0) / (time.perf_counter() - wall0)
+                out.setdefault("saturation_loadgen_cpu_percent", {})[mode] = round(100 * loadgen, 1)
                 cpu_ms = (cpu_seconds(proc.pid) - cpu0) * 1000 / max(1, len(stats.got))
                 out["worker_cpu_ms_per_request"][mode] = round(cpu_ms, 2)
                 out.setdefault("saturation_stage_ms_mean", {})[mode] = stats.summary().get(
@@ -371,16 +390,17 @@ async def _measure(
                 out["max_rps_by_forward"][mode] = round(rps, 1)
                 logger.info("forward %s: max_rps %.1f (%s)", mode, rps, stats.summary())
                 if n == 0:  # latency with the first mode
-                    for rate in rates:
-                        stats = await driver.open_loop(take(int(rate * args.rate_seconds)),
-                                                       rate=rate)  # fmt: skip
-                        summary = stats.summary()
-                        out["degraded_replies"] += stats.degraded
-                        out["latency"][f"{rate:g}"] = summary
-                        logger.info("offered %s req/s: %s", rate, summary)
+                    out["latency"] = await latency_at(driver, take, rates, args.rate_seconds)
+                    out["degraded_replies"] += sum(v["degraded"] for v in out["latency"].values())
     best = max(out["max_rps_by_forward"], key=out["max_rps_by_forward"].get)
     out["max_rps"] = out["max_rps_by_forward"][best]
     out["max_rps_forward_mode"] = best
+    out["echo"] = await _measure_echo(args, settings, version, take, rates)
+    out["overhead_p99_ms"] = {
+        rate: round(ours["p99_ms"] - out["echo"]["latency"][rate]["p99_ms"], 2)
+        for rate, ours in out["latency"].items()
+        if "p99_ms" in ours and "p99_ms" in out["echo"]["latency"].get(rate, {})
+    }
     naive_cli = [sys.executable, "-m", "streamrank.bench.naive"]
     env = worker_env(naive_settings, STREAMRANK_BENCH_NAIVE_VERSION=f"{version}-fp32",
                      STREAMRANK_BENCH_MODEL_VERSION=version,
@@ -396,6 +416,52 @@ async def _measure(
             out["naive_max_rps"] = round(rps, 1)
             logger.info("naive: max_rps %.1f (%s)", rps, stats.summary())
     return out
+
+
+async def latency_at(
+    driver: Driver, take: Any, rates: list[float], seconds: float
+) -> dict[str, dict[str, Any]]:
+    """p50/p99 at each offered rate, with the load generator's own CPU (% of one core)."""
+    out: dict[str, dict[str, Any]] = {}
+    for rate in rates:
+        cpu0, wall0 = cpu_seconds(os.getpid()), time.perf_counter()
+        stats = await driver.open_loop(take(int(rate * seconds)), rate=rate)
+        summary = stats.summary()
+        summary["loadgen_cpu_percent"] = round(
+            100 * (cpu_seconds(os.getpid()) - cpu0) / (time.perf_counter() - wall0), 1
+        )
+        out[f"{rate:g}"] = summary
+        logger.info("offered %s req/s: %s", rate, summary)
+    return out
+
+
+async def _measure_echo(
+    args: argparse.Namespace, settings: Settings, version: str, take: Any, rates: list[float]
+) -> dict[str, Any]:
+    """The floor: the echo worker (:mod:`streamrank.bench.echo`) on its own request topic,
+    saturated then at the same offered rates."""
+    echo_settings = settings.model_copy(
+        update={"topic_requests": f"{settings.topic_requests}-echo",
+                "scoring_group_id": f"bench-echo-{version}"}
+    )  # fmt: skip
+    await create_topics(echo_settings, topics=(echo_settings.topic_requests,))
+    cli = [sys.executable, "-m", "streamrank.bench.echo"]
+    with worker_process(cli, worker_env(echo_settings)) as proc:
+        async with Driver(settings=echo_settings, requests_topic=echo_settings.topic_requests,
+                          results_topic=echo_settings.topic_results) as driver:  # fmt: skip
+            await warm_up(driver, take(200))
+            cpu0 = cpu_seconds(proc.pid)
+            loadgen0, wall0 = cpu_seconds(os.getpid()), time.perf_counter()
+            rps, stats = await driver.saturate(take(args.saturation_requests))
+            loadgen = 100 * (cpu_seconds(os.getpid()) - loadgen0) / (time.perf_counter() - wall0)
+            cpu_ms = (cpu_seconds(proc.pid) - cpu0) * 1000 / max(1, len(stats.got))
+            logger.info("echo: max_rps %.1f (%s)", rps, stats.summary())
+            return {
+                "max_rps": round(rps, 1),
+                "worker_cpu_ms_per_request": round(cpu_ms, 3),
+                "saturation_loadgen_cpu_percent": round(loadgen, 1),
+                "latency": await latency_at(driver, take, rates, args.rate_seconds),
+            }
 
 
 FIGURES = (

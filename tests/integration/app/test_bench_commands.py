@@ -45,8 +45,18 @@ def test_bench_scoring_quick(stack: StackInfo) -> None:
         assert isinstance(out[key], float) and out[key] > 0, key
     latency = out["latency"]["50"]  # type: ignore[index]
     assert latency["answered"] == latency["sent"] and latency["degraded"] == 0
+    echo = out["echo"]  # type: ignore[index]
+    assert (
+        echo["max_rps"] > 0 and echo["latency"]["50"]["answered"] == echo["latency"]["50"]["sent"]
+    )
+    assert out["overhead_p99_ms"]["50"] == round(  # type: ignore[index]
+        latency["p99_ms"] - echo["latency"]["50"]["p99_ms"], 2
+    )
+    assert 0 < latency["loadgen_cpu_percent"] < 100 * (os.cpu_count() or 1)
     assert set(out["goals"]) == {  # type: ignore[arg-type]
-        "max_rps >= 400",
+        "max_rps >= 1000",
+        "max_rps >= 65% of forward-only",
         "p99 <= 25 ms at 200 req/s",
+        "p99 - echo p99 <= 10 ms at 200 req/s",
         "max_rps >= 3x naive",
     }
