@@ -309,3 +309,17 @@ def test_report_draws_only_what_it_is_given_and_checks_inputs_before_drawing(
 
     assert main(["bench", "report", "--docs", str(empty)]) == 1
     assert "give at least one of --scoring" in capsys.readouterr().err
+
+
+def test_the_inputs_kept_for_the_docs_figures_still_give_every_figure() -> None:
+    data = Path(__file__).resolve().parents[3] / "docs" / "figures" / "data"
+    scoring = report_series.load_result(data / "scoring.json", "scoring")
+    assert report_series.scoring_series(scoring, source="scoring.json").ours.rates
+    assert report_series.stage_bars(scoring, source="scoring.json").labels
+    embeddings = report_series.load_result(data / "embeddings.json", "embeddings")
+    assert len(report_series.hit_rate_series(embeddings, source="e").capacity_pct) == 6
+    streams = [(p.name, report_series.load_result(p, "streams"))
+               for p in sorted(data.glob("streams-*.json"))]  # fmt: skip
+    assert len(report_series.streams_series(streams).runs) == 2
+    for name in report.FILES.values():
+        assert (data.parent / name).stat().st_size < 150_000, name
