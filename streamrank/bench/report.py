@@ -60,18 +60,28 @@ DPI = 100
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--scoring", type=Path, help="JSON of `streamrank bench scoring --out`")
     parser.add_argument(
-        "--embeddings", type=Path, help="JSON of `streamrank bench embeddings --out`"
+        "--scoring", type=Path, metavar="FILE", help="JSON of `streamrank bench scoring --out`"
+    )
+    parser.add_argument(
+        "--embeddings",
+        type=Path,
+        metavar="FILE",
+        help="JSON of `streamrank bench embeddings --out`",
     )
     parser.add_argument(
         "--streams",
         type=Path,
         nargs="+",
+        metavar="FILE",
         help="JSON of `streamrank bench streams --out` (several files: one bar pair per run)",
     )
     parser.add_argument(
-        "--docs", type=Path, default=Path("docs"), help="docs folder; figures go to DOCS/figures"
+        "--docs",
+        type=Path,
+        default=Path("docs"),
+        metavar="DIR",
+        help="docs folder; figures go to DOCS/figures",
     )
 
 
