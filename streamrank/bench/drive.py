@@ -6,7 +6,7 @@ upstream services that retry: a send that fails is sent again, the same message 
 event_id / request_id), until the broker acknowledges it. Replies are read from the end of the
 results topic, every partition, by one assigned consumer.
 
-What it writes under ``--out`` (read back with :func:`load_run`):
+What it writes under ``--records`` (read back with :func:`load_run`):
 
 * ``clicks.jsonl``: ``{"event_id", "user_id", "item_id", "ts", "attempts"}`` per acknowledged
   click;
@@ -46,7 +46,9 @@ logger = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, required=True, help="directory for the records")
+    parser.add_argument(
+        "--records", type=Path, required=True, help="directory for the records (created)"
+    )
     parser.add_argument("--seconds", type=float, default=30.0, help="how long to send")
     parser.add_argument("--click-rate", type=float, default=50.0, help="clicks per second")
     parser.add_argument("--request-rate", type=float, default=50.0, help="requests per second")
@@ -217,7 +219,7 @@ class LoadDriver:
 
     async def run(self) -> dict[str, Any]:
         s, args = self.settings, self.args
-        args.out.mkdir(parents=True, exist_ok=True)
+        args.records.mkdir(parents=True, exist_ok=True)
         self._producer = kafka.producer(s, acks="all", linger_ms=2)
         consumer = kafka.consumer(
             s, enable_auto_commit=False, fetch_max_wait_ms=s.scoring_fetch_wait_ms
@@ -270,12 +272,12 @@ class LoadDriver:
         progress = {"clicks": len(self.out.clicks), "requests": len(self.out.requests),
                     "replies": len(self.out.replies), "failed_sends": self.out.failed_sends,
                     "at_ms": clock.now_ms()}  # fmt: skip
-        tmp = self.args.out / "progress.json.tmp"
+        tmp = self.args.records / "progress.json.tmp"
         tmp.write_bytes(orjson.dumps(progress))
-        tmp.replace(self.args.out / "progress.json")
+        tmp.replace(self.args.records / "progress.json")
 
     def _write(self) -> None:
-        out = self.args.out
+        out = self.args.records
         for name, rows in (("clicks", self.out.clicks), ("requests", self.out.requests),
                            ("replies", self.out.replies)):  # fmt: skip
             (out / f"{name}.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))

@@ -206,7 +206,7 @@ async def _soak(
         items.write_text("".join(f"i{n}\n" for n in range(args.items)))
         out = run_dir / "run"
         driver = start_command(
-            ["bench", "drive", "--json", "--out", str(out), "--seconds", str(seconds),
+            ["bench", "drive", "--json", "--records", str(out), "--seconds", str(seconds),
              "--click-rate", str(click_rate), "--request-rate", str(request_rate),
              "--users", str(args.users), "--candidates", str(args.candidates),
              "--item-file", str(items), "--drain-s", "120"],

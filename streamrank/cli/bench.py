@@ -1,17 +1,22 @@
 """``streamrank bench NAME``: benchmarks that print JSON and measure their baseline in the same
 run. Each lives in :mod:`streamrank.bench` and exposes ``add_arguments(parser)`` and
 ``run(args, settings) -> dict``; this module only dispatches (a benchmark is imported when it
-runs, so ``streamrank`` starts without torch)."""
+runs, so ``streamrank`` starts without torch) and gives every one ``--json`` and ``--out PATH``
+(the result also written to a file, which ``streamrank bench report`` draws figures from)."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from streamrank.cli.common import print_json
+from streamrank.cli.common import json_bytes, print_json
 from streamrank.settings import Settings
+
+logger = logging.getLogger(__name__)
 
 
 def _streams() -> ModuleType:
@@ -68,6 +73,12 @@ def _soak() -> ModuleType:
     return soak
 
 
+def _report() -> ModuleType:
+    from streamrank.bench import report
+
+    return report
+
+
 BENCHMARKS: dict[str, tuple[Callable[[], ModuleType], str]] = {
     "streams": (_streams, "feature worker throughput and click-to-visible latency"),
     "embeddings": (_embeddings, "embedding store memory, cache hit rates, lookup latency"),
@@ -81,6 +92,7 @@ BENCHMARKS: dict[str, tuple[Callable[[], ModuleType], str]] = {
     "rebalance": (_rebalance, "reply pauses when consumer-group membership changes"),
     "drive": (_drive, "steady clicks and rank requests, every message and reply recorded"),
     "soak": (_soak, "sustained load for M minutes: latency, memory, descriptors, lag per minute"),
+    "report": (_report, "PNG figures into docs/ from the JSON files of the benchmarks (--out)"),
 }
 
 
@@ -89,18 +101,37 @@ def bench_parser(name: str) -> argparse.ArgumentParser:
     load, help_text = BENCHMARKS[name]
     parser = argparse.ArgumentParser(prog=f"streamrank bench {name}", description=help_text)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="PATH",
+        help="also write the result as JSON to PATH (for `streamrank bench report`)",
+    )
     load().add_arguments(parser)
     return parser
 
 
+def write_result(path: Path, result: dict[str, Any]) -> None:
+    """The result as indented JSON at ``path`` (its folder created), written whole or not at all."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(json_bytes(result) + b"\n")
+    tmp.replace(path)
+    logger.info("wrote the result to %s", path)
+
+
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     bench_args = bench_parser(args.bench).parse_args(args.bench_args)
+    if bench_args.out is not None:  # a bad path fails now, not after a long run
+        bench_args.out.parent.mkdir(parents=True, exist_ok=True)
     result = BENCHMARKS[args.bench][0]().run(bench_args, settings)
     if bench_args.json:
         print_json(result)
     else:
         for key, value in result.items():
             print(f"{key}: {value}")
+    if bench_args.out is not None:
+        write_result(bench_args.out, result)
     return 0
 
 

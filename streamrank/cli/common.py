@@ -20,11 +20,14 @@ logger = logging.getLogger("streamrank")
 Handler = Callable[[argparse.Namespace, Settings], int]
 
 
+def json_bytes(value: Any) -> bytes:
+    """One indented JSON document (numpy values as numbers), as the commands print it."""
+    return orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+
+
 def print_json(value: Any) -> None:
     """Write one JSON document to stdout."""
-    sys.stdout.write(
-        orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode()
-    )
+    sys.stdout.write(json_bytes(value).decode())
     sys.stdout.write("\n")
     sys.stdout.flush()
 

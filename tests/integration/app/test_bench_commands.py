@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import orjson
 
@@ -27,15 +28,20 @@ def bench(*args: str) -> dict[str, object]:
     return parsed
 
 
-def test_bench_streams_small(stack: StackInfo) -> None:
-    out = bench(
-        "streams", "--events", "40000", "--users", "300", "--rate", "1000", "--latency-seconds", "2"
-    )
+def test_bench_streams_small(stack: StackInfo, tmp_path: Path) -> None:
+    saved = tmp_path / "results" / "streams.json"
+    out = bench("streams", "--events", "40000", "--users", "300", "--rate", "1000",
+                "--latency-seconds", "2", "--out", str(saved))  # fmt: skip
     # 40,000 events: enough for the drain to span several of its 0.1 s polls
     assert out["events"] == 40000 and out["private_stack"] is False
     for key in ("events_per_s", "raw_consume_per_s", "latency_p50_ms", "latency_p99_ms"):
         assert isinstance(out[key], float) and out[key] > 0, key
     assert out["latency_probes"] == 2 * 1000 // 25
+    # --out: the same result in a file, which `bench report` draws from
+    assert orjson.loads(saved.read_bytes()) == out
+    drawn = bench("report", "--streams", str(saved), "--docs", str(tmp_path / "docs"))
+    figure = Path(drawn["figures"]["streams_throughput"])  # type: ignore[index]
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and figure.stat().st_size > 15_000
 
 
 def test_bench_scoring_quick(stack: StackInfo) -> None:

@@ -86,7 +86,7 @@ class Rig:
         """Start the load driver; its records go to ``tmp/run``."""
         items = self.tmp / "items.txt"
         items.write_text("\n".join(item_ids(self.artifact)[:200]) + "\n")
-        args = ["bench", "drive", "--json", "--out", str(self.tmp / "run"),
+        args = ["bench", "drive", "--json", "--records", str(self.tmp / "run"),
                 "--seconds", str(seconds), "--click-rate", str(click_rate),
                 "--request-rate", str(request_rate), "--users", str(users),
                 "--candidates", str(candidates), "--item-file", str(items),

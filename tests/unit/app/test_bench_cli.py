@@ -1,0 +1,39 @@
+"""`streamrank bench NAME`: the options every benchmark shares (``--json``, ``--out PATH``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from streamrank.cli.bench import BENCHMARKS, bench_parser, write_result
+
+
+@pytest.mark.parametrize("name", sorted(BENCHMARKS))
+def test_every_benchmark_takes_json_and_out_without_a_clash_of_options(name: str) -> None:
+    # argparse refuses a parser whose benchmark defines --out or --json again
+    parser = bench_parser(name)
+    dests = {a.dest: a for a in parser._actions}
+    assert dests["out"].option_strings == ["--out"] and dests["out"].type is Path
+    assert dests["json"].option_strings == ["--json"]
+
+
+def test_drive_keeps_its_records_directory_under_records() -> None:
+    args = bench_parser("drive").parse_args(["--records", "run", "--out", "drive.json"])
+    assert args.records == Path("run") and args.out == Path("drive.json")
+    with pytest.raises(SystemExit):
+        bench_parser("drive").parse_args([])  # --records is required
+
+
+def test_write_result_writes_the_json_whole_and_creates_its_folder(tmp_path: Path) -> None:
+    import numpy as np
+
+    result = {"max_rps": 649.4, "latency": {"200": {"p99_ms": np.float64(48.74)}}}
+    path = tmp_path / "a" / "b" / "scoring.json"
+    write_result(path, result)
+    assert orjson.loads(path.read_bytes()) == {
+        "max_rps": 649.4,
+        "latency": {"200": {"p99_ms": 48.74}},
+    }
+    assert [p.name for p in path.parent.iterdir()] == ["scoring.json"]  # no temporary left
