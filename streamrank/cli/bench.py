@@ -73,6 +73,12 @@ def _soak() -> ModuleType:
     return soak
 
 
+def _profile() -> ModuleType:
+    from streamrank.bench import profile
+
+    return profile
+
+
 def _report() -> ModuleType:
     from streamrank.bench import report
 
@@ -92,6 +98,7 @@ BENCHMARKS: dict[str, tuple[Callable[[], ModuleType], str]] = {
     "rebalance": (_rebalance, "reply pauses when consumer-group membership changes"),
     "drive": (_drive, "steady clicks and rank requests, every message and reply recorded"),
     "soak": (_soak, "sustained load for M minutes: latency, memory, descriptors, lag per minute"),
+    "profile": (_profile, "where a worker's time goes, from a py-spy recording (--format raw)"),
     "report": (_report, "PNG figures into docs/ from the JSON files of the benchmarks (--out)"),
 }
 
