@@ -102,6 +102,15 @@ def _check_id(value: Any, name: str, limits: Limits) -> str:
     return value
 
 
+def _all_plain_ids(values: list[Any], limits: Limits) -> bool:
+    """Whether every value passes :func:`_check_id`, checked at once (a request's 100 items one
+    by one were 6% of the scoring worker's time)."""
+    longest = limits.max_id_length
+    if not all(type(v) is str and 0 < len(v) <= longest for v in values):
+        return False
+    return _CONTROL.search("".join(values)) is None
+
+
 def _int(obj: dict[str, Any], name: str, *, required: bool, minimum: int = 0) -> Any:
     if name not in obj or obj[name] is None:
         if required:
@@ -176,8 +185,9 @@ def decode_request(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> RankReq
             field="items",
             reason="too_many_items",
         )
-    for index, item in enumerate(items):
-        _check_id(item, f"items[{index}]", limits)
+    if not _all_plain_ids(items, limits):  # the per-item walk names the first bad one
+        for index, item in enumerate(items):
+            _check_id(item, f"items[{index}]", limits)
     context = obj.get("context")
     if context is not None and not isinstance(context, dict):
         raise ContractError(
