@@ -56,9 +56,13 @@ def check_skew(event: ClickEvent, now_ms: int, max_skew_s: int) -> None:
 def classify(
     records: Sequence[Record], *, limits: Limits, now_ms: int, max_skew_s: int
 ) -> Classified:
-    """Decode and validate a batch; duplicates of one event_id within the batch are applied once."""
+    """Decode and validate a batch; duplicates of one (user_id, event_id) within the batch are
+    applied once. Keyed like the store's seen-markers (per user), so what is applied does not
+    depend on how records fell into batches: keyed by event_id alone, two users' clicks with
+    one event_id in one batch lost the one read second (which one depended on the order of
+    partitions in the fetch), while in two batches both were applied."""
     out = Classified()
-    seen: set[str] = set()
+    seen: set[tuple[str, str]] = set()
     for record in records:
         try:
             if isinstance(record.value, UndecodableBatch):
@@ -81,10 +85,11 @@ def classify(
             out.forward_raw.append(record.value)
             out.forward_headers.append(record.headers)
             continue
-        if event.event_id in seen:
+        identity = (event.user_id, event.event_id)
+        if identity in seen:
             out.in_batch_duplicates += 1
             continue
-        seen.add(event.event_id)
+        seen.add(identity)
         out.apply.append(event)
         out.applied_at.append((record.topic, record.partition, record.offset))
     return out

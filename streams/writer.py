@@ -159,7 +159,7 @@ def assemble(
     dedupe_ttl_s: int,
     slot_of: SlotOf | None = None,
 ) -> BatchCalls:
-    """The script calls for ``events`` (already validated and unique by event_id).
+    """The script calls for ``events`` (already validated and unique by (user_id, event_id)).
 
     ``slot_of`` maps a hash tag to its group (on a cluster, ``redis.crc.key_slot``); None puts
     everything in one call (a single server). Each event adds a user-side entry to its user's

@@ -94,3 +94,17 @@ def test_an_undecodable_batch_marker_becomes_one_dead_letter() -> None:
     [(reason, letter)] = out.dead
     assert reason == "undecodable_batch" and out.skipped == 5
     assert "clicks[2] offsets 10-14 skipped" in letter.error and "BadGzipFile" in letter.error
+
+
+def test_in_batch_duplicates_are_per_user_like_the_store_s_markers() -> None:
+    """Two users' clicks that share an event_id are both applied (as they are when they come in
+    two batches: the seen-markers are per user); one user's repeat is applied once."""
+    records = [
+        rec(click(event_id="e-\ufeff", user_id="u2"), key=b"u2", offset=0),
+        rec(click(event_id="e-\ufeff", user_id="u1"), key=b"u1", offset=1),
+        rec(click(event_id="e-\ufeff", user_id="u1", item_id="i9"), key=b"u1", offset=2),
+    ]
+    out = classify(records, limits=Limits(), now_ms=NOW, max_skew_s=7 * 86400)
+    assert [(e.user_id, e.item_id) for e in out.apply] == [("u2", "i1"), ("u1", "i1")]
+    assert out.applied_at == [("clicks", 2, 0), ("clicks", 2, 1)]
+    assert out.in_batch_duplicates == 1
