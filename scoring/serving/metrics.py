@@ -10,6 +10,7 @@ coarse ones to see outliers (Redis timeouts, GC pauses, broker stalls).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -126,13 +127,21 @@ class ScoringMetrics:
         self._versions: set[str] = set()
         self._encodings: dict[str, str] = {}
         self._lag_partitions: set[tuple[str, str]] = set()
+        # labelled children looked up once: labels() per reply and stage cost 1% of a request
+        self._stages = {stage: self.stage_latency.labels(stage) for stage in STAGES}
+        self._outcomes: dict[tuple[str, str | None, str], Any] = {}
 
     def observe_reply(
         self, *, degraded: bool, reason: str | None, error: bool, topic: str = ""
     ) -> None:
         outcome = "error" if error else "degraded" if degraded else "ok"
-        code = (reason or "").split(":", 1)[0]
-        self.requests.labels(outcome, code, topic).inc()
+        child = self._outcomes.get((outcome, reason, topic))
+        if child is None:
+            code = (reason or "").split(":", 1)[0]
+            child = self.requests.labels(outcome, code, topic)
+            if len(self._outcomes) < 1024:  # reasons may carry details: keep the memo bounded
+                self._outcomes[(outcome, reason, topic)] = child
+        child.inc()
 
     def set_lag(self, topic: str, partition: int, lag: int) -> None:
         self._lag_partitions.add((topic, str(partition)))
@@ -153,9 +162,11 @@ class ScoringMetrics:
         self._encodings[version] = encoding
 
     def observe_stages(self, timings_ms: Mapping[str, float]) -> None:
+        stages = self._stages
         for stage, value in timings_ms.items():
-            if stage in STAGES:
-                self.stage_latency.labels(stage).observe(value / 1000.0)
+            child = stages.get(stage)
+            if child is not None:
+                child.observe(value / 1000.0)
 
     def set_split(self, split: tuple[tuple[str, float], ...]) -> None:
         self.model_info.clear()
