@@ -266,6 +266,12 @@ class Settings(BaseSettings):
         50, ge=1, description="Default deadline when a request has none."
     )
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads.")
+    scoring_dense_weights: Literal["fp32", "int8"] = Field(
+        "fp32",
+        description="How the scoring worker serves the DIN's dense weights: fp32 (as trained) or "
+        "int8 (torch dynamic quantisation of the Linear layers); `streamrank replay` scores "
+        "offline with the same option.",
+    )
     torch_interop_threads: int = Field(1, ge=1, description="torch inter-op threads.")
     breaker_failures: int = Field(
         3, ge=1, description="Redis failures in a row that open the breaker."
