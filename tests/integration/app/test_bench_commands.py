@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import orjson
+import pytest
 
 from tests.conftest import StackInfo
 
@@ -38,9 +39,13 @@ def test_bench_streams_small(stack: StackInfo) -> None:
     assert out["latency_probes"] == 2 * 1000 // 25
 
 
-def test_bench_scoring_quick(stack: StackInfo) -> None:
-    out = bench("scoring", "--quick", "--rates", "50", "--modes", "per_request")
+@pytest.mark.parametrize("workers", [1, 2])
+def test_bench_scoring_quick(stack: StackInfo, workers: int) -> None:
+    out = bench(
+        "scoring", "--quick", "--rates", "50", "--modes", "per_request", "--workers", str(workers)
+    )
     assert out["config"]["stack"] == "configured"  # type: ignore[index]
+    assert out["config"]["workers"] == workers  # type: ignore[index]
     for key in ("max_rps", "naive_max_rps", "forward_only_rps"):
         assert isinstance(out[key], float) and out[key] > 0, key
     latency = out["latency"]["50"]  # type: ignore[index]

@@ -89,8 +89,11 @@ def test_replay_with_int8_dense_weights_equals_offline_int8(
     assert report["answered"] == len(cases) == 30 and report["degraded"] == 0
     assert report["max_abs_diff"] <= 1e-5
     assert report["online"] == report["offline"]
-    # the reference really is the int8 one: fp32 dense weights score differently
+    # the reference really is the int8 one: the served scores are much closer to it than int8
+    # is to fp32 (this tiny model's scores vary little, so int8 moves them by ~2e-6 only)
     kw = {"encoding": report["encoding"], "max_history": 20}
     int8 = offline_scores(artifact, cases, dense="int8", **kw)
     fp32 = offline_scores(artifact, cases, dense="fp32", **kw)
-    assert np.abs(int8 - fp32).max() > 1e-5
+    int8_effect = float(np.abs(int8 - fp32).max())
+    assert int8_effect > 0
+    assert report["max_abs_diff"] <= int8_effect / 10, (report["max_abs_diff"], int8_effect)
