@@ -145,7 +145,11 @@ async def run_replay(
         await create_topics(rs)
 
         mark = time.perf_counter()
-        expected = offline_scores(artifact, cases, encoding=enc, max_history=max_history)
+        # The worker serves the dense weights as settings.scoring_dense_weights: so does this.
+        dense = settings.scoring_dense_weights
+        expected = offline_scores(
+            artifact, cases, encoding=enc, max_history=max_history, dense=dense
+        )
         fp32 = offline_scores(artifact, cases, encoding="fp32", max_history=max_history)
         seconds["offline"] = time.perf_counter() - mark
 
@@ -197,6 +201,7 @@ async def run_replay(
     report: dict[str, Any] = {
         "version": version,
         "encoding": enc,
+        "dense_weights": dense,
         "users": len(cases),
         "candidates_per_user": len(cases[0].items),
         "events_replayed": len(events),

@@ -34,7 +34,7 @@ from safetensors.torch import save as st_save
 
 from scoring.embeddings.codec import ENCODINGS
 from scoring.embeddings.validate import NAME_RE
-from scoring.model.din import DinScorer, ModelSpec
+from scoring.model.din import DenseWeights, DinScorer, ModelSpec
 from streamrank import keys
 from streamrank.errors import ArtifactError
 
@@ -79,8 +79,9 @@ class Artifact:
     def encoding(self) -> str:
         return str(self.config["encoding"])
 
-    def scorer(self) -> DinScorer:
-        return DinScorer.from_bytes(self.config, self.dense)
+    def scorer(self, *, dense: DenseWeights = "fp32") -> DinScorer:
+        """The serving scorer of these weights, served as fp32 or int8 (``dense``)."""
+        return DinScorer.from_bytes(self.config, self.dense, weights=dense)
 
     def config_bytes(self, *, encoding: str | None = None) -> bytes:
         """config.json as published (``encoding`` = the one the item table was published in)."""

@@ -21,7 +21,7 @@ from scoring.embeddings.store import EmbeddingStore
 from scoring.embeddings.validate import check_name
 from scoring.model.artifact import Artifact
 from scoring.model.canary import parse_split
-from scoring.model.din import DinScorer
+from scoring.model.din import DenseWeights, DinScorer
 from streamrank import keys
 from streamrank.errors import ArtifactError, EmbeddingError, UnknownVersion
 from streamrank.redis_errors import redis_call
@@ -125,18 +125,20 @@ async def active_version(redis: aioredis.Redis) -> str | None:
 
 
 async def load_scorer_from_redis(
-    redis: aioredis.Redis, version: str
+    redis: aioredis.Redis, version: str, *, dense: DenseWeights = "fp32"
 ) -> tuple[DinScorer, dict[str, Any]]:
-    """The serving scorer and config of a published version, from Redis alone (one round trip)."""
-    config_raw, dense = await redis.mget([keys.model_config(version), keys.model_dense(version)])
-    if config_raw is None or dense is None:
+    """The serving scorer (dense weights served as ``dense``) and config of a published version,
+    from Redis alone (one round trip)."""
+    config_raw, dense_raw = await redis.mget(
+        [keys.model_config(version), keys.model_dense(version)]
+    )
+    if config_raw is None or dense_raw is None:
         raise UnknownVersion(
             f"model version {version!r} is not (fully) published; run `streamrank publish` for it"
         )
     config = _parse_config(config_raw, version)
-    return DinScorer.from_bytes(
-        config, dense if isinstance(dense, bytes) else dense.encode()
-    ), config
+    weights = dense_raw if isinstance(dense_raw, bytes) else dense_raw.encode()
+    return DinScorer.from_bytes(config, weights, weights=dense), config
 
 
 async def delete_version(store: EmbeddingStore, version: str, *, force: bool = False) -> int:

@@ -136,7 +136,9 @@ def real_dependencies(
     )
 
     async def loader(version: str) -> Any:
-        scorer, config = await load_scorer_from_redis(redis, version)
+        scorer, config = await load_scorer_from_redis(
+            redis, version, dense=settings.scoring_dense_weights
+        )
         metrics.model_encoding(version, str(config.get("encoding", "unknown")))
         return scorer
 

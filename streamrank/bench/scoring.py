@@ -80,6 +80,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="scoring worker processes in the group (e.g. 2 on 2 cores: one per core against "
+        "two per core with --workers 4); max_rps is theirs together",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="a smoke run: 20k items, 1k users, short phases",
@@ -257,9 +264,10 @@ async def _run(args: argparse.Namespace, base: Settings, stack_kind: str) -> dic
     rates = [float(r) for r in args.rates.split(",") if r.strip()]
     n_rate = sum(int(r * args.rate_seconds) for r in rates)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    # every mode's saturation, then the echo's (warm-up 200, saturation, the rates), the naive's
-    total = (200 * (len(modes) + 1) + args.saturation_requests * (len(modes) + 1) + 2 * n_rate + args.naive_requests
-             + 50)  # fmt: skip
+    settle = 200 * len(modes) if args.workers > 1 else 0  # the extra warm-up of several workers
+    # every mode's warm-up and saturation, the echo's (warm-up, saturation, the rates), the naive's
+    total = (200 * (len(modes) + 1) + settle + args.saturation_requests * (len(modes) + 1)
+             + 2 * n_rate + args.naive_requests + 50)  # fmt: skip
     t0 = time.perf_counter()
     requests = make_requests(n=total, users=args.users, n_items=args.items,
                              candidates=args.candidates, zipf_a=args.zipf, seed=args.seed)  # fmt: skip
@@ -330,6 +338,7 @@ async def _run(args: argparse.Namespace, base: Settings, stack_kind: str) -> dic
         "users": args.users, "zipf": args.zipf, "saturation_requests": args.saturation_requests,
         "rate_seconds": args.rate_seconds, "batch_max": settings.scoring_batch_max,
         "batch_wait_ms": settings.scoring_batch_wait_ms, "torch_threads": settings.torch_threads,
+        "workers": args.workers,
         "pipeline_depth": settings.scoring_pipeline_depth,
         "cpus": os.cpu_count(), "stack": stack_kind, "encoding": "int8",
         "redis": settings.redis_mode,
@@ -372,16 +381,23 @@ async def _measure(
         env = worker_env(mode_settings, STREAMRANK_CANARY_SPLIT=f"{version}:1",
                          STREAMRANK_SCORING_FORWARD=mode,
                          STREAMRANK_SCORING_GROUP_ID=f"bench-scoring-{version}-{mode}")  # fmt: skip
-        with worker_process(cli, env) as proc:
+        with contextlib.ExitStack() as workers:
+            procs = [workers.enter_context(worker_process(cli, env)) for _ in range(args.workers)]
             async with Driver(settings=settings, requests_topic=mode_settings.topic_requests,
                               results_topic=settings.topic_results) as driver:  # fmt: skip
                 await warm_up(driver, take(200))
-                cpu0 = cpu_seconds(proc.pid)
+                if args.workers > 1:
+                    # The first reply came from the first worker to join; the others' joins
+                    # rebalance the group (Tansu pads each join ~3 s): let it settle first.
+                    await asyncio.sleep(10)
+                    await driver.open_loop(take(200), rate=200.0, drain_s=30.0)
+                cpu0 = sum(cpu_seconds(p.pid) for p in procs)
                 loadgen0, wall0 = cpu_seconds(os.getpid()), time.perf_counter()
                 rps, stats = await driver.saturate(take(args.saturation_requests))
                 loadgen = (cpu_seconds(os.getpid()) - loadgen0) / (time.perf_counter() - wall0)
                 out.setdefault("saturation_loadgen_cpu_percent", {})[mode] = round(100 * loadgen, 1)
-                cpu_ms = (cpu_seconds(proc.pid) - cpu0) * 1000 / max(1, len(stats.got))
+                cpu1 = sum(cpu_seconds(p.pid) for p in procs)
+                cpu_ms = (cpu1 - cpu0) * 1000 / max(1, len(stats.got))
                 out["worker_cpu_ms_per_request"][mode] = round(cpu_ms, 2)
                 out.setdefault("saturation_stage_ms_mean", {})[mode] = stats.summary().get(
                     "worker_stage_ms_mean"

@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -21,6 +21,9 @@ from schemas import ClickEvent
 from streamrank import kafka
 from streamrank.errors import StreamrankError
 from streamrank.settings import Settings
+
+if TYPE_CHECKING:
+    from scoring.model.din import DenseWeights
 
 # MovieLens-100K clicks are from 1997-98. The features worker dead-letters clicks further than
 # max_event_skew_s from now (a guard against broken producer clocks); a historical replay must
@@ -95,10 +98,12 @@ def offline_scores(
     *,
     encoding: str,
     max_history: int,
+    dense: DenseWeights = "fp32",
     batch_users: int = 64,
 ) -> npt.NDArray[np.float32]:
-    """``[U, C]`` scores of the artifact's scorer with its item table (and OOV row) put through
-    ``encoding`` and back: what a worker serving the published rows should answer."""
+    """``[U, C]`` scores of the artifact's scorer (dense weights served as ``dense``) with its
+    item table (and OOV row) put through ``encoding`` and back: what a worker serving the
+    published rows with the same dense option should answer."""
     from scoring.embeddings.codec import roundtrip
     from scoring.serving.assemble import assemble, gather
 
@@ -107,7 +112,7 @@ def offline_scores(
     table = np.vstack([table, oov[None, :]])  # the last row answers unknown ids
     row_of = {item: i for i, item in enumerate(artifact.item_ids)}
     unknown = len(artifact.item_ids)
-    scorer = artifact.scorer()
+    scorer = artifact.scorer(dense=dense)
     out = np.zeros((len(cases), len(cases[0].items)), dtype=np.float32)
     for start in range(0, len(cases), batch_users):
         chunk = cases[start : start + batch_users]

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
 
 from tests.conftest import StackInfo
 
@@ -44,9 +45,13 @@ def test_bench_streams_small(stack: StackInfo, tmp_path: Path) -> None:
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and figure.stat().st_size > 15_000
 
 
-def test_bench_scoring_quick(stack: StackInfo) -> None:
-    out = bench("scoring", "--quick", "--rates", "50", "--modes", "per_request")
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_bench_scoring_quick(stack: StackInfo, workers: int) -> None:
+    out = bench(
+        "scoring", "--quick", "--rates", "50", "--modes", "per_request", "--workers", str(workers)
+    )
     assert out["config"]["stack"] == "configured"  # type: ignore[index]
+    assert out["config"]["workers"] == workers  # type: ignore[index]
     for key in ("max_rps", "naive_max_rps", "forward_only_rps"):
         assert isinstance(out[key], float) and out[key] > 0, key
     latency = out["latency"]["50"]  # type: ignore[index]

@@ -189,3 +189,30 @@ def test_corrupt_published_config_is_an_artifact_error(
             await client.delete(keys.model_config(version), keys.model_dense(version))
 
     _run(stack.redis_url, go)
+
+
+def test_dense_weights_setting_reaches_the_workers_scorer(stack: StackInfo, tmp_path: Path) -> None:
+    # STREAMRANK_SCORING_DENSE_WEIGHTS=int8: the scoring worker's loader builds an int8 scorer
+    # from what is published, scoring exactly like the artifact's int8 scorer offline.
+    from scoring.serving.metrics import ScoringMetrics
+    from scoring.serving.worker import real_dependencies
+
+    art = load_artifact(make_artifact(tmp_path, rows=30, seed=3))
+    rng = np.random.default_rng(0)
+    hist = art.item_table[None, rng.integers(0, 30, 12)]  # [1, 12, d]
+    cands = art.item_table[None, rng.integers(0, 30, 9)]  # [1, 9, d]
+    m, cm = np.ones((1, 12), bool), np.ones((1, 9), bool)
+
+    async def check(client: Any) -> None:
+        await publish_artifact(client, art, progress=False)
+        for dense in ("fp32", "int8"):
+            settings = stack.settings(scoring_dense_weights=dense)
+            _, _, loader = real_dependencies(settings, client, ScoringMetrics())
+            scorer = await loader(art.version)
+            assert scorer.dense == dense
+            np.testing.assert_array_equal(
+                scorer.score(hist, m, cands, cm),
+                art.scorer(dense=dense).score(hist, m, cands, cm),
+            )
+
+    _run(stack.redis_url, check)
