@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -59,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -69,6 +74,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logs.configure(args.log_level or config.log_level, config.log_format)
     handler: Handler = args.func
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        # SIGTERM (kill, timeout, a CI runner) unwinds like Ctrl-C, so the `with` blocks stop
+        # what they started: a benchmark's private broker and Redis outlived a killed command
+        # and kept a core busy. Workers install their own handler for a graceful stop.
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         return handler(args, config)
     except StreamrankError as exc:
