@@ -58,6 +58,7 @@ def test_sigterm_stops_a_benchmark_s_private_stack(tmp_path: Path) -> None:
         text=True,
     )
     assert proc.stderr is not None
+    started: set[int] = set()
     try:
         deadline = time.monotonic() + 120
         for line in proc.stderr:
@@ -78,3 +79,6 @@ def test_sigterm_stops_a_benchmark_s_private_stack(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for pid in started:  # a failed run must not leave its broker running either
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
