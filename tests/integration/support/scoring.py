@@ -117,13 +117,24 @@ async def read_topic(
     return out
 
 
+PREDICATE_TIMEOUT_S = 5.0  # one poll of wait_for's predicate
+
+
 async def wait_for(predicate: Any, *, timeout_s: float, what: str) -> None:
     """Poll an (async) predicate until it holds; fail with ``what`` at the deadline."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()
         if asyncio.iscoroutine(value):
-            value = await value
+            # A Kafka call that never answers must not hang the test past its deadline: a CI
+            # run hung here for 10+ minutes with the offsets already committed (a committed()
+            # call that never returned; pytest-timeout's alarm did not end it). Each poll is
+            # bounded, then the predicate is polled again.
+            left = max(0.1, min(PREDICATE_TIMEOUT_S, deadline - time.monotonic()))
+            try:
+                value = await asyncio.wait_for(value, left)
+            except TimeoutError:
+                continue
         if value:
             return
         await asyncio.sleep(0.05)
@@ -147,4 +158,6 @@ async def committed_total(settings: Settings) -> int:
             total += await consumer.committed(TopicPartition(settings.topic_requests, p)) or 0
         return total
     finally:
-        await consumer.stop()
+        # stopping a consumer whose call was cancelled by wait_for's bound must not hang either
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(consumer.stop(), PREDICATE_TIMEOUT_S)
