@@ -188,6 +188,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+class LoadgenCpu:
+    """This process's (the load generator's) CPU since construction, as % of one core."""
+
+    def __init__(self) -> None:
+        self._cpu, self._wall = cpu_seconds(os.getpid()), time.perf_counter()
+
+    def percent(self) -> float:
+        used = cpu_seconds(os.getpid()) - self._cpu
+        return round(100 * used / max(1e-9, time.perf_counter() - self._wall), 1)
+
+
 @contextlib.contextmanager
 def worker_process(argv: list[str], env: dict[str, str]) -> Iterator[ChildProcess]:
     """A worker child for the run (its output goes to ours), stopped at the end."""
@@ -388,10 +399,9 @@ async def _measure(
                     await asyncio.sleep(10)
                     await driver.open_loop(take(200), rate=200.0, drain_s=30.0)
                 cpu0 = sum(cpu_seconds(p.pid) for p in procs)
-                loadgen0, wall0 = cpu_seconds(os.getpid()), time.perf_counter()
+                loadgen = LoadgenCpu()
                 rps, stats = await driver.saturate(take(args.saturation_requests))
-                loadgen = (cpu_seconds(os.getpid()) - loadgen0) / (time.perf_counter() - wall0)
-                out.setdefault("saturation_loadgen_cpu_percent", {})[mode] = round(100 * loadgen, 1)
+                out.setdefault("saturation_loadgen_cpu_percent", {})[mode] = loadgen.percent()
                 cpu1 = sum(cpu_seconds(p.pid) for p in procs)
                 cpu_ms = (cpu1 - cpu0) * 1000 / max(1, len(stats.got))
                 out["worker_cpu_ms_per_request"][mode] = round(cpu_ms, 2)
@@ -454,12 +464,10 @@ async def latency_at(
     """p50/p99 at each offered rate, with the load generator's own CPU (% of one core)."""
     out: dict[str, dict[str, Any]] = {}
     for rate in rates:
-        cpu0, wall0 = cpu_seconds(os.getpid()), time.perf_counter()
+        loadgen = LoadgenCpu()
         stats = await driver.open_loop(take(int(rate * seconds)), rate=rate)
         summary = stats.summary()
-        summary["loadgen_cpu_percent"] = round(
-            100 * (cpu_seconds(os.getpid()) - cpu0) / (time.perf_counter() - wall0), 1
-        )
+        summary["loadgen_cpu_percent"] = loadgen.percent()
         out[f"{rate:g}"] = summary
         logger.info("offered %s req/s: %s", rate, summary)
     return out
@@ -480,15 +488,14 @@ async def _measure_echo(
                           results_topic=echo_settings.topic_results) as driver:  # fmt: skip
             await warm_up(driver, take(200))
             cpu0 = cpu_seconds(proc.pid)
-            loadgen0, wall0 = cpu_seconds(os.getpid()), time.perf_counter()
+            loadgen = LoadgenCpu()
             rps, stats = await driver.saturate(take(args.saturation_requests))
-            loadgen = 100 * (cpu_seconds(os.getpid()) - loadgen0) / (time.perf_counter() - wall0)
             cpu_ms = (cpu_seconds(proc.pid) - cpu0) * 1000 / max(1, len(stats.got))
             logger.info("echo: max_rps %.1f (%s)", rps, stats.summary())
             return {
                 "max_rps": round(rps, 1),
                 "worker_cpu_ms_per_request": round(cpu_ms, 3),
-                "saturation_loadgen_cpu_percent": round(loadgen, 1),
+                "saturation_loadgen_cpu_percent": loadgen.percent(),
                 "latency": await latency_at(driver, take, rates, args.rate_seconds),
             }
 
