@@ -19,6 +19,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
 
+from streamrank.redis_packing import use_hiredis_packer
 from streamrank.settings import Settings
 
 CLUSTER_RETRIES = 1
@@ -43,7 +44,7 @@ def redis_client(settings: Settings, *, timeout_s: float | None = None, **option
             sentinel_password=password.get_secret_value() if password else None,
             **kwargs,
         )
-    return aioredis.from_url(settings.redis_dsn, **kwargs)
+    return _plain_client(settings.redis_dsn, **kwargs)
 
 
 def sentinel_client(
@@ -91,7 +92,14 @@ def client_for_url(url: str, **kwargs: Any) -> Any:
     scheme, sep, rest = url.partition("://")
     if sep and scheme.endswith("+cluster"):
         return cluster_client(f"{scheme.removesuffix('+cluster')}://{rest}", **kwargs)
-    return aioredis.from_url(url, **kwargs)
+    return _plain_client(url, **kwargs)
+
+
+def _plain_client(url: str, **kwargs: Any) -> aioredis.Redis:
+    """A client on one server, packing its commands with hiredis (streamrank.redis_packing)."""
+    client = aioredis.from_url(url, **kwargs)
+    use_hiredis_packer(client)
+    return client
 
 
 def cluster_client(url: str, extra_nodes: tuple[str, ...] = (), **kwargs: Any) -> RedisCluster:

@@ -9,18 +9,24 @@ form, so more rows fit and fewer lookups pay a round trip, while decoding a 150-
 few microseconds of numpy. ``hold="decoded"`` keeps float32 bytes instead (for the
 comparison in ``streamrank bench embeddings``; see docs/embeddings.md for the figures).
 
-Cache keys are ``(publish_id, id)``: every publish of a ``(version, table)`` writes a new random
-publish id into the table's meta, so a new version never reads another version's rows, and a
-version deleted and published again under the same name never reads the rows of its first
-publish (a batch with misses finds out from the fetch reply; its cached rows are then fetched
-again). Unknown ids are cached too (as the table's OOV row), since a publish is immutable.
+Cache keys are ``publish_id + "\x1f" + id``: every publish of a ``(version, table)`` writes a
+new random publish id (hex) into the table's meta, so a new version never reads another
+version's rows, and a version deleted and published again under the same name never reads the
+rows of its first publish (a batch with misses finds out from the fetch reply; its cached rows
+are then fetched again). A publish id has no ``\x1f``, so the first one splits a key
+unambiguously. Keys are strings rather than ``(publish_id, id)`` tuples because Python caches a
+string's hash and recomputes a tuple's on every dict operation: ~6% of a lookup's CPU
+(docs/benchmarks.md). Unknown ids are cached too (as the table's OOV row), since a publish is
+immutable.
 """
 
 from __future__ import annotations
 
 import logging
+import operator
 import time
 from collections.abc import Sequence
+from itertools import repeat
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -37,14 +43,20 @@ logger = logging.getLogger(__name__)
 
 Hold = Literal["encoded", "decoded"]
 
-# Python memory of one cache entry beyond its row bytes: the bytes object header, the
-# (publish_id, id) key tuple and a short id string, the ordered-dict slot and links.
-# Measured with tracemalloc on CPython 3.11 (~200 B without the id string).
+# Python memory of one cache entry beyond its row bytes: the bytes object header, the key
+# string (publish id + id), the ordered-dict slot and links. Measured with tracemalloc on
+# CPython 3.11: ~180 B with 6-character ids (~215 B with the earlier tuple keys); 250 leaves
+# room for longer ids.
 ENTRY_OVERHEAD_BYTES = 250
 
 
 def _entry_size(value: bytes) -> int:
     return len(value) + ENTRY_OVERHEAD_BYTES
+
+
+def cache_key_prefix(publish_id: str) -> str:
+    """What every cache key of one publish starts with (the key is this plus the id)."""
+    return publish_id + "\x1f"
 
 
 class PopularitySource(Protocol):
@@ -136,11 +148,10 @@ class CachedEmbeddings:
 
     async def lookup(self, version: str, table: str, ids: Sequence[str]) -> FloatMatrix:
         """``float32[len(ids), dim]``; ids may repeat; unknown ids get the table's OOV row."""
-        pos: dict[str, int] = {}
-        inverse = [pos.setdefault(i, len(pos)) for i in ids]  # dedupe, remembering positions
-        unique = list(pos)
+        unique = list(dict.fromkeys(ids))  # dedupe at C speed; positions only if ids repeat
         meta = await self.store.cached_meta(version, table)  # in memory after the first call
-        keys = [(meta.publish_id, u) for u in unique]
+        prefix = cache_key_prefix(meta.publish_id)
+        keys = [prefix + u for u in unique]
         got = self.policy.get_many(keys)
         miss = [k for k, v in enumerate(got) if v is None]
         if miss:
@@ -149,7 +160,8 @@ class CachedEmbeddings:
                 # Deleted and published again since `meta` was read: the hits are rows of the
                 # old publish (maybe another encoding), so fetch the whole batch again.
                 meta = fetched.meta
-                keys = [(meta.publish_id, u) for u in unique]
+                prefix = cache_key_prefix(meta.publish_id)
+                keys = [prefix + u for u in unique]
                 got, miss = [None] * len(unique), list(range(len(unique)))
                 fetched = await self._fetch(table, unique, version)
                 if fetched.meta.publish_id != meta.publish_id:
@@ -161,7 +173,7 @@ class CachedEmbeddings:
                 got[k] = value
             self.policy.put_many([keys[k] for k in miss], held)
         oov = self._oov.get(meta.publish_id)
-        n_oov = sum(1 for v in got if v is oov) if oov is not None else 0
+        n_oov = sum(map(operator.is_, got, repeat(oov))) if oov is not None else 0
         self._account(hits=len(unique) - len(miss), misses=len(miss), oov=n_oov)
         rows: list[bytes] = got  # type: ignore[assignment]  # every slot is filled now
         if self.hold == "encoded":
@@ -170,7 +182,8 @@ class CachedEmbeddings:
             decoded = np.frombuffer(b"".join(rows), dtype=np.float32).reshape(len(rows), meta.dim)
         if len(unique) == len(ids):
             return decoded if self.hold == "encoded" else decoded.copy()
-        return decoded[np.array(inverse, dtype=np.intp)]  # [n, dim]
+        pos = {u: k for k, u in enumerate(unique)}
+        return decoded[np.array([pos[i] for i in ids], dtype=np.intp)]  # [n, dim]
 
     async def _fetch(self, table: str, ids: list[str], version: str) -> EncodedRows:
         """One round trip for ``ids`` (distinct), timed into the fetch metrics."""
@@ -204,15 +217,15 @@ class CachedEmbeddings:
         loaded = 0
         unique = list(dict.fromkeys(ids))
         for start in range(0, len(unique), chunk):
-            publish_id = (await self.store.cached_meta(version, table)).publish_id
-            part = [u for u in unique[start : start + chunk] if (publish_id, u) not in self.policy]
+            prefix = cache_key_prefix((await self.store.cached_meta(version, table)).publish_id)
+            part = [u for u in unique[start : start + chunk] if prefix + u not in self.policy]
             if not part:
                 continue
             fetched = await self.store.fetch_encoded(table, part, version=version)
             held = self._held(fetched)
             keep = fetched.found.tolist()
-            publish_id = fetched.meta.publish_id  # the rows' own publish (re-read if it changed)
-            found_keys = [(publish_id, u) for u, ok in zip(part, keep, strict=True) if ok]
+            prefix = cache_key_prefix(fetched.meta.publish_id)  # the rows' own (re-read) publish
+            found_keys = [prefix + u for u, ok in zip(part, keep, strict=True) if ok]
             added = self.policy.preload(
                 found_keys, [h for h, ok in zip(held, keep, strict=True) if ok]
             )

@@ -4,9 +4,9 @@ A table's buckets are grouped into shards, one hash tag each (:mod:`streamrank.k
 script (default) runs once per slot group: on a single server one call for the whole batch, on
 a cluster one call per slot the batch's shards live in, sent as one pipeline per node with the
 nodes read concurrently (:func:`streamrank.redis_pipeline.run_scripts`). Each call first checks
-that its shards' copy of the publish id is still the one this process cached, then ``HGET``s
-its ids from their buckets, and replies with three elements however many ids it read. The
-pipeline mode (``GET`` the shards' publish ids, one ``HMGET`` per touched bucket) is also one
+that one of its shards' copies of the publish id is still the one this process cached, then
+``HGET``s its ids from their buckets, and replies with three elements however many ids it read.
+The pipeline mode (``GET`` the shards' publish ids, one ``HMGET`` per touched bucket) is also one
 round trip but costs redis-py a command object and a reply parse per bucket, and a 150-id batch
 touches ~150 buckets (see docs/benchmarks.md).
 """
@@ -28,7 +28,7 @@ from streamrank.redis_pipeline import NodePipeline, ScriptCall, run_scripts
 
 _SEP = keys.FIELD_SEP
 
-# KEYS: the publish-id keys of the call's shards, then the bucket keys it reads. ARGV: [1] the
+# KEYS: the publish-id key of one of the call's shards (any one: see _scripts), then the bucket keys it reads. ARGV: [1] the
 # publish id this process cached, [2] row width, [3] how many publish-id keys, [4] ids joined
 # by \x1f, [5] per id the index of its bucket among the bucket keys, joined by ','.
 # Reply: {publish id found} alone when a shard's differs (the table was deleted or republished:
@@ -137,8 +137,12 @@ class RowFetcher:
         for positions in groups:
             group_buckets = buckets[positions]  # [g]
             distinct, index = np.unique(group_buckets, return_inverse=True)
-            shards = np.unique(keys.embedding_shard(distinct, meta.shards)).tolist()
-            call_keys = [keys.embedding_publish_id(meta.version, meta.table, s) for s in shards]
+            # One shard's copy of the publish id is enough to check: a delete removes every
+            # shard's copy before it removes any row (EmbeddingStore.delete_version_keys), so
+            # while one copy is there, every row the call reads is of that publish. Checking
+            # each touched shard cost ~15 more script keys per single-server fetch.
+            shard = int(keys.embedding_shard(distinct[:1], meta.shards)[0])
+            call_keys = [keys.embedding_publish_id(meta.version, meta.table, shard)]
             call_keys += [meta.bucket_key(b) for b in distinct.tolist()]
             calls.append(
                 ScriptCall(
@@ -146,7 +150,7 @@ class RowFetcher:
                     args=(
                         meta.publish_id,
                         width,
-                        len(shards),
+                        1,
                         _SEP.join(ids[p] for p in positions.tolist()),
                         ",".join(map(str, (index + 1).tolist())),
                     ),

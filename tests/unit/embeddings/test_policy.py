@@ -204,6 +204,18 @@ def test_count_min_sketch_counts_saturates_and_ages() -> None:
     assert aging.additions == 20
 
 
+def test_vectorised_sketch_reads_the_same_cells_as_the_scalar_estimate() -> None:
+    """estimate_many (numpy, batch) and estimate (plain ints, one key) index the same cells,
+    for keys of negative and positive hashes alike."""
+    sketch = CountMinSketch(width=4096, sample=10**9)
+    keys = [f"pid\x1f{i}" for i in range(3000)] + [-1, -(2**62), 2**62, 0]
+    for k in range(5):
+        sketch.add_many(keys[k::5])
+    sketch.add_many(keys[:700])
+    assert sketch.estimate_many(keys) == [sketch.estimate(k) for k in keys]
+    assert max(sketch.estimate_many(keys[:700])) >= 2
+
+
 def test_next_use() -> None:
     trace = np.array([3, 1, 3, 2, 1, 3], dtype=np.int64)
     assert next_use(trace).tolist() == [2, 4, 5, 6, 6, 6]
