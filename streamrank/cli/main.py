@@ -11,6 +11,7 @@ import argparse
 import logging
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 import aiokafka.errors
@@ -74,10 +75,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logs.configure(args.log_level or config.log_level, config.log_format)
     handler: Handler = args.func
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    if in_main_thread and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         # SIGTERM (kill, timeout, a CI runner) unwinds like Ctrl-C, so the `with` blocks stop
         # what they started: a benchmark's private broker and Redis outlived a killed command
-        # and kept a core busy. Workers install their own handler for a graceful stop.
+        # and kept a core busy. Workers install their own handler for a graceful stop. Only
+        # the main thread may set a handler (main() also runs in threads of tests and tools).
         signal.signal(signal.SIGTERM, _interrupt)
     try:
         return handler(args, config)
