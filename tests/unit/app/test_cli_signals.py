@@ -30,7 +30,7 @@ def test_main_in_a_thread_runs_and_leaves_the_handler_alone(
     def run() -> None:
         try:
             codes.append(main(["settings"]))
-        except BaseException as exc:  # noqa: BLE001  # reported by the assertion below
+        except BaseException as exc:  # reported by the assertion below
             errors.append(exc)
 
     thread = threading.Thread(target=run)
