@@ -20,7 +20,7 @@ from aiokafka.errors import KafkaError
 
 from schemas import RankRequest, RankResult, decode_result
 from scoring.serving.replies import is_error_reply
-from streamrank import kafka
+from streamrank import kafka, tasks
 from streamrank.errors import ContractError, KafkaUnavailable, StreamrankError
 from streamrank.settings import Settings
 
@@ -89,9 +89,7 @@ class RankClient:
 
     async def stop(self) -> None:
         if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
+            await tasks.cancel_and_wait([self._reader], what="rank client")
             self._reader = None
         for client in (self._consumer, self._producer):
             if client is not None:

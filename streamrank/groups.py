@@ -174,7 +174,8 @@ class Registration:
                     logger.warning("group registry: cannot publish the assignment (%s)", exc)
                 failing = True
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), refresh_s)
+                async with asyncio.timeout(refresh_s):  # not wait_for: see streamrank.tasks
+                    await self._changed.wait()
 
     async def withdraw(self) -> None:
         try:

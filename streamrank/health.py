@@ -95,7 +95,8 @@ async def ping(health: Health, redis: Any, *, timeout_s: float) -> None:
     """One Redis PING into the ``redis`` check."""
     started = time.perf_counter()
     try:
-        await asyncio.wait_for(redis.ping(), timeout_s)
+        async with asyncio.timeout(timeout_s):  # not wait_for: see streamrank.tasks
+            await redis.ping()
     except _NO_ANSWER as exc:
         health.set("redis", False, f"no answer: {exc!r}")
     except Exception as exc:  # e.g. an auth error: not ready, and say why

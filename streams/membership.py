@@ -13,6 +13,7 @@ from typing import Any
 from streamrank import groups, health
 from streamrank.health import Health
 from streamrank.redis_client import redis_client
+from streamrank.tasks import cancel_and_wait
 from streams.metrics import FeatureMetrics
 
 logger = logging.getLogger(__name__)
@@ -59,9 +60,7 @@ def watch_membership(app: Any, *, settings: Any, metrics: FeatureMetrics, health
         try:
             await asyncio.gather(*tasks)
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(tasks, what="features worker")
             await registration.withdraw()
             await redis.aclose()
 

@@ -35,7 +35,7 @@ from scoring.rollout.join import JoinConfig, OutcomeStore, assemble, require_sin
 from scoring.rollout.metrics import OutcomeMetrics
 from scoring.rollout.online import WINDOWS, Window, read_summaries, recent_versions
 from scoring.rollout.records import Served, decode_served, outcome_record
-from streamrank import clock, groups, health, kafka, keys
+from streamrank import clock, groups, health, kafka, keys, tasks
 from streamrank.errors import (
     UNDECODABLE_BATCH,
     ConfigError,
@@ -182,15 +182,10 @@ class OutcomesWorker:
 
     async def stop(self) -> None:
         self._stopping.set()
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            # A cancellation that lands inside a Redis read can come out as redis-py's
-            # TimeoutError, which the loop survives: it also stops on _stopping, and is not
-            # waited for forever.
-            _done, pending = await asyncio.wait(self._tasks, timeout=5)
-            for task in pending:
-                logger.warning("outcomes worker task %s did not stop in 5 s", task.get_name())
+        # A cancellation that lands inside a Redis read can come out as redis-py's
+        # TimeoutError, which the loop survives (it also stops on _stopping), or be lost
+        # (streamrank.tasks): cancelled again until it ends, and not waited for forever.
+        await tasks.cancel_and_wait(self._tasks, what="outcomes worker", timeout_s=5)
         self._tasks = []
         for client in (self._consumer, self._producer):
             if client is not None:

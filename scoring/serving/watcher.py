@@ -10,7 +10,6 @@ entirely by the state it started with, and no request waits for a load.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 from collections import OrderedDict
@@ -23,7 +22,7 @@ from scoring.model.canary import Split, assign, parse_split
 from scoring.model.versions import read_pointers
 from scoring.serving.metrics import ScoringMetrics
 from scoring.serving.protocols import EmbeddingSource, Scorer
-from streamrank import keys
+from streamrank import keys, tasks
 from streamrank.errors import StreamrankError
 
 logger = logging.getLogger(__name__)
@@ -176,7 +175,5 @@ class VersionWatcher:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await tasks.cancel_and_wait([self._task], what="scoring version watcher")
             self._task = None

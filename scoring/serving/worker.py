@@ -41,7 +41,7 @@ from scoring.serving.protocols import EmbeddingSource, FeatureSource
 from scoring.serving.rebalance import RebalanceListener
 from scoring.serving.service import Incoming, Ranked, RankService
 from scoring.serving.watcher import Loader, RecentIds, VersionWatcher
-from streamrank import clock, groups, health, kafka, logs
+from streamrank import clock, groups, health, kafka, logs, tasks
 from streamrank.errors import UNDECODABLE_BATCH, ContractError, internal_error
 from streamrank.health import Health
 from streamrank.kafka_guard import UndecodableBatch
@@ -274,9 +274,7 @@ class ScoringWorker:
             if client is not None:
                 with contextlib.suppress(Exception):
                     await client.stop()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await tasks.cancel_and_wait(self._tasks, what="scoring worker")
         self._tasks = []
         if self._registration is not None:
             await self._registration.withdraw()

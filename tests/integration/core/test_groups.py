@@ -7,6 +7,7 @@ import asyncio
 
 from streamrank import groups, keys
 from streamrank.redis_client import client_for_url
+from streamrank.tasks import cancel_and_wait
 from tests.conftest import StackInfo
 from tests.integration.support.features import poll
 
@@ -68,3 +69,33 @@ async def test_a_registration_publishes_each_assignment_at_once(
         assert await check.hlen(keys.group_members(group)) == 0
     finally:
         await check.aclose()
+
+
+async def test_a_registration_stops_whichever_iteration_the_cancel_lands_in(
+    stack: StackInfo, unique: str
+) -> None:
+    """Workers stop the registration's task with ``cancel_and_wait``: it ends even when the
+    cancellation lands as an assignment wakes it and it publishes (redis-py's ``wait_for``
+    loses one cancellation on Python 3.11; a single cancel + gather hung a worker's stop)."""
+    redis = client_for_url(stack.redis_url)
+    group = f"g-{unique}"
+    try:
+        for turns in range(8):  # the cancel lands 0..7 loop iterations after the assignment
+            registration = groups.Registration(
+                redis=redis, group=group, member=f"w{turns}", kind="scoring"
+            )
+            task = asyncio.create_task(registration.run(refresh_s=60))
+
+            async def published(member: str = f"w{turns}") -> list[groups.Member]:
+                return [m for m in await groups.members(redis, group) if m.member == member]
+
+            await poll(published, timeout_s=10, what="the registration in Redis")
+            registration.assigned([("rank-requests", 0)])
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            async with asyncio.timeout(15):
+                await cancel_and_wait([task], what="test", timeout_s=10)
+            assert task.cancelled(), turns
+    finally:
+        await redis.delete(keys.group_members(group))
+        await redis.aclose()

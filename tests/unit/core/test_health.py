@@ -82,3 +82,35 @@ async def test_watch_beats_and_pings() -> None:
     await ping(health, Redis(ConnectionError("refused")), timeout_s=1)
     ok, body = health.readiness()
     assert not ok and "refused" in body["checks"]["redis"]["detail"]
+
+
+class AnsweringRedis:
+    """A Redis whose PING answers when the test says so."""
+
+    def __init__(self) -> None:
+        self.asked = asyncio.Event()
+        self.answer = asyncio.Event()
+
+    async def ping(self) -> bool:
+        self.asked.set()
+        await self.answer.wait()
+        return True
+
+
+async def test_watch_ends_when_cancelled_as_a_ping_answers() -> None:
+    """A worker's stop cancels this task and waits for it: a cancellation that arrives in the
+    same loop iteration as the PING's answer must still end it (``asyncio.wait_for`` on
+    Python 3.11 returned the answer instead and the loop ran on: a scoring worker that could
+    not reach Kafka hung in its stop instead of exiting)."""
+    for turns in range(4):  # the cancel lands 0..3 loop iterations after the answer
+        redis = AnsweringRedis()
+        task = asyncio.create_task(watch(Health(("redis",)), redis=redis, every_s=0.01))
+        async with asyncio.timeout(5):
+            await redis.asked.wait()
+        redis.answer.set()
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=5)
+        assert done, f"watch ignored a cancellation {turns} iterations after the PING answered"
+        assert task.cancelled()
