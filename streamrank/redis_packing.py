@@ -36,7 +36,7 @@ class _HiredisPacking:
         if (
             encoder.encoding in _UTF8
             and encoder.encoding_errors == "strict"
-            and all(type(a) in _C_TYPES for a in args)
+            and _C_TYPES.issuperset(map(type, args))  # C speed: a batch write has ~1,500 args
         ):
             first = args[0]
             # redis-py splits a command name given with its subcommand ("CONFIG GET").
