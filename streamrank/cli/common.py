@@ -8,11 +8,13 @@ import asyncio
 import logging
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import orjson
 
+from streamrank import tasks
 from streamrank.settings import Settings
 
 logger = logging.getLogger("streamrank")
@@ -44,8 +46,33 @@ def worker_kinds(sub: Any) -> Any:
 
 
 def run_async(coro: Any) -> Any:
-    """Run a coroutine to completion; Ctrl-C cancels it cleanly."""
-    return asyncio.run(coro)
+    """Run a coroutine to completion; Ctrl-C cancels it, and again every 2 s until it ends (one
+    cancellation can be lost inside a Redis call: :mod:`streamrank.tasks`; asyncio.run's own
+    handler cancels once, and a `lag --watch` ran on after Ctrl-C), then raises
+    KeyboardInterrupt. 2 s leaves a command's own clean-up time to finish."""
+    if threading.current_thread() is not threading.main_thread():
+        return asyncio.run(coro)  # only the main thread gets signals
+
+    async def main() -> Any:
+        task = asyncio.ensure_future(coro)
+        loop = asyncio.get_running_loop()
+        stoppers: set[asyncio.Task[None]] = set()
+
+        def handle() -> None:
+            stopper = tasks.cancel_and_wait([task], what="the command", every_s=2, timeout_s=30)
+            stoppers.add(loop.create_task(stopper))
+
+        loop.add_signal_handler(signal.SIGINT, handle)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if stoppers:
+                raise KeyboardInterrupt from None
+            raise
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+
+    return asyncio.run(main())
 
 
 def run_until_signalled(
@@ -70,6 +97,8 @@ def run_until_signalled(
                 logger.info("stopping gracefully (a second signal stops at once)")
                 on_signal(task)
             else:
+                # Once: a worker's own stop runs in its finally blocks and must not be cut
+                # short; if the cancellation is lost (streamrank.tasks), a second signal ends it.
                 task.cancel()
 
         for sig in (signal.SIGINT, signal.SIGTERM):
