@@ -54,9 +54,10 @@ def _entry_size(value: bytes) -> int:
     return len(value) + ENTRY_OVERHEAD_BYTES
 
 
-def cache_key_prefix(publish_id: str) -> str:
-    """What every cache key of one publish starts with (the key is this plus the id)."""
-    return publish_id + "\x1f"
+def cache_keys(publish_id: str, ids: Sequence[str]) -> list[str]:
+    """The cache key of each of ``ids`` in the publish ``publish_id``."""
+    prefix = publish_id + "\x1f"
+    return [prefix + i for i in ids]
 
 
 class PopularitySource(Protocol):
@@ -150,8 +151,7 @@ class CachedEmbeddings:
         """``float32[len(ids), dim]``; ids may repeat; unknown ids get the table's OOV row."""
         unique = list(dict.fromkeys(ids))  # dedupe at C speed; positions only if ids repeat
         meta = await self.store.cached_meta(version, table)  # in memory after the first call
-        prefix = cache_key_prefix(meta.publish_id)
-        keys = [prefix + u for u in unique]
+        keys = cache_keys(meta.publish_id, unique)
         got = self.policy.get_many(keys)
         miss = [k for k, v in enumerate(got) if v is None]
         if miss:
@@ -160,8 +160,7 @@ class CachedEmbeddings:
                 # Deleted and published again since `meta` was read: the hits are rows of the
                 # old publish (maybe another encoding), so fetch the whole batch again.
                 meta = fetched.meta
-                prefix = cache_key_prefix(meta.publish_id)
-                keys = [prefix + u for u in unique]
+                keys = cache_keys(meta.publish_id, unique)
                 got, miss = [None] * len(unique), list(range(len(unique)))
                 fetched = await self._fetch(table, unique, version)
                 if fetched.meta.publish_id != meta.publish_id:
@@ -217,15 +216,17 @@ class CachedEmbeddings:
         loaded = 0
         unique = list(dict.fromkeys(ids))
         for start in range(0, len(unique), chunk):
-            prefix = cache_key_prefix((await self.store.cached_meta(version, table)).publish_id)
-            part = [u for u in unique[start : start + chunk] if prefix + u not in self.policy]
+            publish_id = (await self.store.cached_meta(version, table)).publish_id
+            ids = unique[start : start + chunk]
+            keys = cache_keys(publish_id, ids)
+            part = [u for u, k in zip(ids, keys, strict=True) if k not in self.policy]
             if not part:
                 continue
             fetched = await self.store.fetch_encoded(table, part, version=version)
             held = self._held(fetched)
             keep = fetched.found.tolist()
-            prefix = cache_key_prefix(fetched.meta.publish_id)  # the rows' own (re-read) publish
-            found_keys = [prefix + u for u, ok in zip(part, keep, strict=True) if ok]
+            found = [u for u, ok in zip(part, keep, strict=True) if ok]
+            found_keys = cache_keys(fetched.meta.publish_id, found)  # the rows' own publish
             added = self.policy.preload(
                 found_keys, [h for h, ok in zip(held, keep, strict=True) if ok]
             )
