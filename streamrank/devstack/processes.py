@@ -30,11 +30,13 @@ READY = {"features": FEATURES_READY, "scoring": SCORING_READY, "outcomes": OUTCO
 
 @dataclass
 class ChildProcess:
-    """A child process we started, and where its output goes."""
+    """A child process we started, and where its output goes (``log_start``: the log's size
+    when it started, since logs are appended to across runs)."""
 
     process: subprocess.Popen[bytes]
     log_path: Path | None
     what: str
+    log_start: int = 0
 
     @property
     def pid(self) -> int:
@@ -44,9 +46,13 @@ class ChildProcess:
         return self.process.poll() is None
 
     def log_text(self) -> str:
+        """What this child wrote: an earlier run's lines in the same log never count (its
+        ready line would pass for this child's)."""
         if self.log_path is None or not self.log_path.exists():
             return ""
-        return self.log_path.read_text(errors="replace")
+        with self.log_path.open("rb") as log:
+            log.seek(self.log_start)
+            return log.read().decode(errors="replace")
 
     def wait_logged(self, marker: str, *, timeout_s: float) -> None:
         """Wait until the log shows ``marker``; a clear error if the child exits or stays silent."""
@@ -106,9 +112,11 @@ def start_child(
     """Start ``argv``; its output is appended to ``log_path`` (inherited when None).
     ``new_session``: the child outlives us and our terminal's Ctrl-C (the embedded stack)."""
     log = None
+    log_start = 0
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log = log_path.open("ab")
+        log_start = log.seek(0, os.SEEK_END)
     try:
         process = subprocess.Popen(
             list(argv),
@@ -124,7 +132,7 @@ def start_child(
     finally:
         if log is not None:
             log.close()  # the child holds its own descriptor
-    return ChildProcess(process, log_path, what)
+    return ChildProcess(process, log_path, what, log_start)
 
 
 def run_tool(argv: Sequence[str], *, what: str, timeout_s: float = 60.0) -> str:
