@@ -196,4 +196,4 @@ def start_worker(
     child = start_command(
         args, settings, log_path=log_path, what=f"{kind} worker", extra_env=extra_env
     )
-    return WorkerProcess(child.process, child.log_path, child.what, kind=kind)
+    return WorkerProcess(**vars(child), kind=kind)

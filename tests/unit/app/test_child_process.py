@@ -35,3 +35,19 @@ def test_a_ready_line_this_child_writes_is_found(tmp_path: Path) -> None:
     child.wait_logged("ready", timeout_s=30)
     child.process.wait(30)
     assert "old line" not in child.log_text()
+
+
+def test_a_worker_process_keeps_where_its_log_starts(tmp_path: Path) -> None:
+    from streamrank.devstack.processes import start_worker
+    from streamrank.settings import Settings
+
+    log = tmp_path / "scoring-worker.log"
+    log.write_text("scoring worker consuming rank-requests (the last run)\n")
+    # Unreachable Kafka: the worker only starts, it never gets as far as consuming.
+    settings = Settings(kafka_bootstrap="127.0.0.1:1", kafka_start_timeout_s=1.0)
+    worker = start_worker("scoring", settings, log_path=log, metrics_port=0)
+    try:
+        assert worker.log_start == len("scoring worker consuming rank-requests (the last run)\n")
+        assert "the last run" not in worker.log_text()
+    finally:
+        worker.kill()
