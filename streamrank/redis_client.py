@@ -18,11 +18,21 @@ from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from streamrank.redis_packing import use_hiredis_packer
 from streamrank.settings import Settings
 
 CLUSTER_RETRIES = 1
+
+
+def reconnect_once() -> Retry:
+    """A command that fails on a dead connection is sent once more, on a new one (redis-py's
+    clients from a URL retry nothing). After a Redis restart every pooled connection is dead,
+    and the pool hands out the least used ones last: without this, one batch in a burst many
+    seconds later still failed (``Connection closed by server``). Timeouts are not retried: a
+    caller's deadline is its own. Safe because every write of ours is idempotent."""
+    return Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
 
 
 def redis_client(settings: Settings, *, timeout_s: float | None = None, **options: Any) -> Any:
@@ -67,6 +77,7 @@ def sentinel_client(
     if params.pop("connection_class", None) is SSLConnection:
         params["ssl"] = True
     params.update(kwargs)
+    params.setdefault("retry", reconnect_once())
     sentinel_kwargs = {k: v for k, v in params.items() if k.startswith("socket_")}
     if sentinel_password:
         sentinel_kwargs["password"] = sentinel_password
@@ -97,6 +108,7 @@ def client_for_url(url: str, **kwargs: Any) -> Any:
 
 def _plain_client(url: str, **kwargs: Any) -> aioredis.Redis:
     """A client on one server, packing its commands with hiredis (streamrank.redis_packing)."""
+    kwargs.setdefault("retry", reconnect_once())
     client = aioredis.from_url(url, **kwargs)
     use_hiredis_packer(client)
     return client
