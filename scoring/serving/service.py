@@ -8,7 +8,8 @@ fallback scores and feeds the circuit breaker.
 Every Redis wait of a batch is bounded by the batch's earliest deadline: a Redis that hangs
 (paused, overloaded, a network stall) costs a request at most its budget, then it is answered
 degraded (``redis_unavailable``), never later; a Redis back within the budget costs only
-latency.
+latency. A request with less time left than Redis usually takes (``DeadlineMargin``) is
+answered ``expired`` at once, so that it does not cut its whole batch short.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from schemas import RankRequest, RankResult
 from scoring.serving import replies
 from scoring.serving.assemble import assemble, gather, split_scores
 from scoring.serving.breaker import CircuitBreaker
+from scoring.serving.margin import DeadlineMargin
 from scoring.serving.metrics import ScoringMetrics
 from scoring.serving.protocols import EmbeddingSource, FeatureSource, Scorer
 from scoring.serving.served_log import degraded_record, served_record
@@ -109,6 +111,7 @@ class RankService:
         log_served: bool = False,
         recent: RecentIds | None = None,
         clock_ms: Callable[[], int] = clock.now_ms,
+        margin: DeadlineMargin | None = None,
     ) -> None:
         self._features = features
         self._embeddings = embeddings
@@ -120,6 +123,7 @@ class RankService:
         self._log_served = log_served
         self._recent = recent
         self._clock_ms = clock_ms
+        self._margin = margin or DeadlineMargin(cap_ms=0.0)
         self._cut_by_deadline = 0
         self._cut_logged_at = float("-inf")
 
@@ -132,8 +136,9 @@ class RankService:
         out: list[Ranked | None] = [None] * len(batch)
         live: list[int] = []
         expired: list[int] = []
+        too_late = arrival + self._margin.ms
         for i, incoming in enumerate(batch):
-            if deadlines[i] <= arrival:
+            if deadlines[i] <= too_late:
                 expired.append(i)
                 out[i] = Ranked(self._result(incoming, (), "", True, replies.EXPIRED, {}))
             else:
@@ -223,6 +228,7 @@ class RankService:
                 batch, replies.INTERNAL_ERROR, start, until_ms, routed=routed
             )
         self._breaker.record_success()
+        self._margin.observe((t_seq + t_lookup) * 1000)
         stages = {
             "sequence_fetch": t_seq * 1000,
             "embedding_lookup": t_lookup * 1000,

@@ -35,6 +35,7 @@ from schemas import (
 )
 from scoring.serving import replies
 from scoring.serving.breaker import CircuitBreaker
+from scoring.serving.margin import DeadlineMargin
 from scoring.serving.metrics import ScoringMetrics
 from scoring.serving.offsets import OffsetBook, first_offsets, last_offsets, rewind_targets
 from scoring.serving.protocols import EmbeddingSource, FeatureSource
@@ -225,6 +226,7 @@ class ScoringWorker:
             forward_mode=s.scoring_forward,
             log_served=s.served_log_topic is not None,
             recent=recent,
+            margin=DeadlineMargin(cap_ms=s.scoring_budget_ms / 2),
         )
         try:
             await self.watcher.refresh()

@@ -17,6 +17,7 @@ from schemas import RankRequest
 from scoring.model.canary import parse_split
 from scoring.serving import replies
 from scoring.serving.breaker import BreakerState, CircuitBreaker
+from scoring.serving.margin import DeadlineMargin
 from scoring.serving.metrics import ScoringMetrics
 from scoring.serving.served_log import served_record
 from scoring.serving.service import Incoming, RankService
@@ -352,3 +353,58 @@ async def test_a_half_open_probe_cut_by_the_deadline_does_not_wedge_the_breaker(
     out = await service.rank([incoming("r2", "u1", ["a"])], deadlines=[FAR])
     assert not out[0].result.degraded
     assert breaker.state is BreakerState.CLOSED
+
+
+class TimedFeatures(Features):
+    """A Redis that answers every sequence fetch after ``delay_s``."""
+
+    delay_s = 0.02
+
+    async def get_sequences(self, user_ids: Sequence[str]) -> Mapping[str, Sequence[Any]]:
+        await asyncio.sleep(self.delay_s)
+        return await super().get_sequences(user_ids)
+
+
+async def test_a_request_about_to_expire_does_not_cut_its_whole_batch_short() -> None:
+    """After a failover a batch of backlog mixes requests a millisecond from their deadline with
+    requests that have seconds left: the first are answered expired at once, the rest scored."""
+    features = TimedFeatures(SEQ, {})
+    service, breaker = make(ONE, features, margin=DeadlineMargin(cap_ms=1000.0))
+    warm = await service.rank([incoming("r0", "u1", ["a"])], deadlines=[FAR])
+    assert not warm[0].result.degraded  # Redis answered once: its time is known (~20 ms)
+    now = clock.now_ms()
+    out = await service.rank(
+        [incoming("r1", "u1", ["a", "b"]), incoming("r2", "u2", ["b"])],
+        deadlines=[now + 5, now + 10_000],
+    )
+    assert [(r.result.degraded, r.result.reason) for r in out] == [
+        (True, replies.EXPIRED),
+        (False, None),
+    ]
+    assert out[1].result.model_version == "v1"
+    assert breaker.state is BreakerState.CLOSED
+
+
+async def test_without_the_margin_the_same_batch_is_cut_at_its_earliest_deadline() -> None:
+    """What the margin prevents (and what a cold worker, which knows no Redis time yet, does)."""
+    features = TimedFeatures(SEQ, {})
+    service, _ = make(ONE, features)  # no margin
+    now = clock.now_ms()
+    out = await service.rank(
+        [incoming("r1", "u1", ["a", "b"]), incoming("r2", "u2", ["b"])],
+        deadlines=[now + 5, now + 10_000],
+    )
+    assert [r.result.reason for r in out] == [replies.REDIS_UNAVAILABLE] * 2
+
+
+def test_the_margin_follows_redis_time_up_to_its_cap() -> None:
+    margin = DeadlineMargin(cap_ms=25.0)
+    assert margin.ms == 0.0  # nothing known: nothing refused
+    margin.observe(4.0)
+    assert margin.ms == 8.0  # twice the first observation
+    for _ in range(200):
+        margin.observe(2.0)
+    assert margin.ms == pytest.approx(4.0, abs=0.01)  # the average moved to the new time
+    for _ in range(200):
+        margin.observe(100.0)  # a slow Redis
+    assert margin.ms == 25.0  # capped: a slow Redis does not expire every request
