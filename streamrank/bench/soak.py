@@ -66,7 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--users", type=int, default=200, help="distinct users")
     parser.add_argument("--items", type=int, default=20_000, help="item table size")
     parser.add_argument("--candidates", type=int, default=50, help="candidates per request")
-    parser.add_argument("--backlog-clicks", type=int, default=30_000, help="for the features max")
+    parser.add_argument(
+        "--backlog-clicks",
+        type=int,
+        default=30_000,
+        help="for the features max; at least 2 x users x sequence_length, so that the "
+        "sequences are full when the scoring max is measured",
+    )
     parser.add_argument("--backlog-requests", type=int, default=2_000, help="for the scoring max")
     parser.add_argument("--seed", type=int, default=1)
 
@@ -103,13 +109,18 @@ async def lags(settings: Settings) -> dict[str, int]:
 
 
 async def features_max(settings: Settings, args: argparse.Namespace, items: int) -> float:
-    """Clicks/s the features worker drains from a backlog (its lag to 0)."""
+    """Clicks/s the features worker drains from a backlog (its lag to 0). The backlog fills
+    every user's sequence: with half-full ones the scoring max came out ~2x what the worker
+    sustains once the soak's clicks fill them, and the soak ran overloaded (p50 60 ms in its
+    first window, 5.3 s in its third)."""
+    # Users are drawn at random: twice the sequence length each, on average, fills nearly all.
+    backlog = max(args.backlog_clicks, 2 * args.users * settings.sequence_length)
     producer = kafka.producer(settings, acks=1, linger_ms=5)
     await producer.start()
     rng = np.random.default_rng(args.seed)
     now = clock.now_ms()
     try:
-        for n in range(args.backlog_clicks):
+        for n in range(backlog):
             user = f"u{int(rng.integers(args.users))}"
             value = orjson.dumps({"event_id": f"backlog-{n}", "user_id": user,
                                   "item_id": f"i{int(rng.integers(items))}", "ts": now})  # fmt: skip
@@ -122,7 +133,7 @@ async def features_max(settings: Settings, args: argparse.Namespace, items: int)
         if not (await lags(settings))["features"]:
             break
         await asyncio.sleep(0.2)
-    return args.backlog_clicks / (time.perf_counter() - started)
+    return backlog / (time.perf_counter() - started)
 
 
 async def scoring_max(settings: Settings, args: argparse.Namespace) -> float:

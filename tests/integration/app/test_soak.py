@@ -23,8 +23,12 @@ GOALS = {
 
 
 def test_bench_soak_short() -> None:
+    # A quarter of the measured maxima: the maxima come from short bursts on a shared machine,
+    # and at half of them one CI run stayed overloaded past the driver's drain (531 of 11,123
+    # requests unanswered in 120 s). What is checked here must hold at any load the machine
+    # sustains; the load itself is the full run's business.
     args = ["--minutes", "1", "--window-s", "20", "--ttl-s", "10", "--items", "2000",
-            "--backlog-clicks", "5000", "--backlog-requests", "300"]  # fmt: skip
+            "--backlog-clicks", "5000", "--backlog-requests", "300", "--fraction", "0.25"]  # fmt: skip
     result = subprocess.run(
         [sys.executable, "-m", "streamrank.cli", "bench", "soak", *args, "--json"],
         env=dict(os.environ),
