@@ -41,6 +41,7 @@ from aiokafka.errors import KafkaError
 
 from streamrank import clock, kafka
 from streamrank.settings import Settings
+from streamrank.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -250,9 +251,7 @@ class LoadDriver:
                 await asyncio.sleep(0.1)
             await asyncio.sleep(1.0)  # late duplicates
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(tasks, what="load driver")
             self._write()
             await consumer.stop()
             await self._producer.stop()

@@ -8,7 +8,6 @@ just before its send to its reply's arrival.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import Sequence
@@ -19,7 +18,7 @@ import numpy as np
 import orjson
 from aiokafka import TopicPartition
 
-from streamrank import clock, kafka
+from streamrank import clock, kafka, tasks
 from streamrank.settings import Settings
 
 
@@ -122,9 +121,7 @@ class Driver:
 
     async def __aexit__(self, *exc: object) -> None:
         if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
+            await tasks.cancel_and_wait([self._reader], what="load generator")
         await self._consumer.stop()
         await self._producer.stop()
 

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from schemas import ClickEvent
-from streamrank import clock, groups, kafka, keys
+from streamrank import clock, groups, kafka, keys, tasks
 from streamrank.bench.loadgen import Driver, encode, make_requests
 from streamrank.bench.scoring import bench_stack, publish_synthetic
 from streamrank.devstack.processes import WorkerProcess, start_worker
@@ -144,9 +144,7 @@ class Load:
         try:
             yield
         finally:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await tasks.cancel_and_wait([self._task], what="rebalance load")
 
 
 @contextlib.contextmanager
