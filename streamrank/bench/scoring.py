@@ -14,7 +14,9 @@ stack's active pointer is left alone):
   client settings, replies without lookup or compute), its ``max_rps`` and ``latency`` at the
   same rates; ``overhead_p99_ms`` = our p99 minus the echo's at each rate;
 * ``loadgen_cpu_percent`` (per rate) and ``saturation_loadgen_cpu_percent``: the load
-  generator's own CPU (% of one core), to see what the host was doing;
+  generator's own CPU (% of one core), and ``saturation_host_busy_cores`` (the host's busy
+  cores while saturated: broker, Redis, worker and load generator share them), to see what
+  the host was doing;
 * ``forward_only_rps``: the DIN serving forward alone on the same inputs.
 
 If the configured stack does not answer, a private embedded stack is started on free ports
@@ -45,6 +47,7 @@ from scoring.serving.service import forward
 from scoring.serving.worker import configure_torch
 from streamrank import clock, keys
 from streamrank.bench import compare
+from streamrank.bench.cpu import host_busy_seconds, process_cpu_seconds
 from streamrank.bench.loadgen import Driver, make_requests, zipf_ids
 from streamrank.devstack import processes
 from streamrank.devstack.processes import ChildProcess, start_child
@@ -182,20 +185,14 @@ def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
     return processes.worker_env(settings, {**quiet, **extra})
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (all its threads) so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 class LoadgenCpu:
     """This process's (the load generator's) CPU since construction, as % of one core."""
 
     def __init__(self) -> None:
-        self._cpu, self._wall = cpu_seconds(os.getpid()), time.perf_counter()
+        self._cpu, self._wall = process_cpu_seconds(os.getpid()), time.perf_counter()
 
     def percent(self) -> float:
-        used = cpu_seconds(os.getpid()) - self._cpu
+        used = process_cpu_seconds(os.getpid()) - self._cpu
         return round(100 * used / max(1e-9, time.perf_counter() - self._wall), 1)
 
 
@@ -398,11 +395,14 @@ async def _measure(
                     # rebalance the group (Tansu pads each join ~3 s): let it settle first.
                     await asyncio.sleep(10)
                     await driver.open_loop(take(200), rate=200.0, drain_s=30.0)
-                cpu0 = sum(cpu_seconds(p.pid) for p in procs)
-                loadgen = LoadgenCpu()
+                cpu0 = sum(process_cpu_seconds(p.pid) for p in procs)
+                loadgen, host0, wall0 = LoadgenCpu(), host_busy_seconds(), time.perf_counter()
                 rps, stats = await driver.saturate(take(args.saturation_requests))
                 out.setdefault("saturation_loadgen_cpu_percent", {})[mode] = loadgen.percent()
-                cpu1 = sum(cpu_seconds(p.pid) for p in procs)
+                out.setdefault("saturation_host_busy_cores", {})[mode] = round(
+                    (host_busy_seconds() - host0) / (time.perf_counter() - wall0), 2
+                )
+                cpu1 = sum(process_cpu_seconds(p.pid) for p in procs)
                 cpu_ms = (cpu1 - cpu0) * 1000 / max(1, len(stats.got))
                 out["worker_cpu_ms_per_request"][mode] = round(cpu_ms, 2)
                 out.setdefault("saturation_stage_ms_mean", {})[mode] = stats.summary().get(
@@ -432,9 +432,9 @@ async def _measure(
         async with Driver(settings=naive_settings, requests_topic=naive_settings.topic_requests,
                           results_topic=naive_settings.topic_results) as driver:  # fmt: skip
             await warm_up(driver, take(10))
-            cpu0 = cpu_seconds(proc.pid)
+            cpu0 = process_cpu_seconds(proc.pid)
             rps, stats = await driver.saturate(take(args.naive_requests))
-            cpu_ms = (cpu_seconds(proc.pid) - cpu0) * 1000 / max(1, len(stats.got))
+            cpu_ms = (process_cpu_seconds(proc.pid) - cpu0) * 1000 / max(1, len(stats.got))
             out["worker_cpu_ms_per_request"]["naive"] = round(cpu_ms, 2)
             out["naive_max_rps"] = round(rps, 1)
             logger.info("naive: max_rps %.1f (%s)", rps, stats.summary())
@@ -487,10 +487,10 @@ async def _measure_echo(
         async with Driver(settings=echo_settings, requests_topic=echo_settings.topic_requests,
                           results_topic=echo_settings.topic_results) as driver:  # fmt: skip
             await warm_up(driver, take(200))
-            cpu0 = cpu_seconds(proc.pid)
+            cpu0 = process_cpu_seconds(proc.pid)
             loadgen = LoadgenCpu()
             rps, stats = await driver.saturate(take(args.saturation_requests))
-            cpu_ms = (cpu_seconds(proc.pid) - cpu0) * 1000 / max(1, len(stats.got))
+            cpu_ms = (process_cpu_seconds(proc.pid) - cpu0) * 1000 / max(1, len(stats.got))
             logger.info("echo: max_rps %.1f (%s)", rps, stats.summary())
             return {
                 "max_rps": round(rps, 1),

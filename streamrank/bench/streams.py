@@ -7,7 +7,9 @@ configured one does not answer):
 2. ``raw_consume_per_s``: a plain aiokafka consumer reads and decodes that topic (the ceiling);
 3. ``events_per_s``: one ``streamrank worker features`` process drains the same backlog into
    Redis (rate between its first and last applied event, from its /metrics), with its CPU time
-   per event;
+   per event, the Redis servers' (``redis_cpu_us_per_event``; the script calls and the
+   commands inside them, by command) and the host's busy cores meanwhile
+   (``host_busy_cores``: on a small host the worker, Redis and the broker share the cores);
 4. latency: clicks offered at ``--rate`` per second for ``--latency-seconds``; every
    ``--probe-every``-th click goes to a probe user of its own, and a poller records when it
    becomes visible in that user's sequence in Redis (``latency_p50_ms`` / ``latency_p99_ms``).
@@ -34,6 +36,12 @@ from tqdm import tqdm
 from schemas import Limits, decode_click
 from streamrank import clock, keys
 from streamrank.bench import compare
+from streamrank.bench.cpu import (
+    host_busy_seconds,
+    process_cpu_seconds,
+    redis_usage,
+    redis_usage_per_event,
+)
 from streamrank.redis_client import redis_client, used_memory
 from streamrank.settings import Settings
 
@@ -136,11 +144,6 @@ async def raw_consume(settings: Settings, topic: str, expected: int) -> float:
     return seen / max(elapsed, 1e-9)
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _samples(port: int) -> dict[str, float]:
     """The worker's /metrics samples without labels, by name."""
     import urllib.request
@@ -179,7 +182,7 @@ def _applied(port: int) -> float:
 async def measure_drain(pid: int, port: int, expected: int) -> dict[str, float]:
     """Poll the worker's applied counter until ``expected``; rate from first to last change."""
     first_t = first_n = None
-    cpu0 = None
+    cpu0 = host0 = None
     last_n, last_t = 0.0, time.perf_counter()
     deadline = time.monotonic() + 900
     bar = tqdm(total=expected, desc="worker", unit="ev", mininterval=1.0)
@@ -187,7 +190,8 @@ async def measure_drain(pid: int, port: int, expected: int) -> dict[str, float]:
         n = await asyncio.to_thread(_applied, port)
         now = time.perf_counter()
         if n > 0 and first_t is None:
-            first_t, first_n, cpu0 = now, n, _cpu_seconds(pid)
+            first_t, first_n = now, n
+            cpu0, host0 = process_cpu_seconds(pid), host_busy_seconds()
         bar.update(int(n - last_n))
         last_n, last_t = n, now
         if n >= expected:
@@ -196,11 +200,14 @@ async def measure_drain(pid: int, port: int, expected: int) -> dict[str, float]:
     bar.close()
     if first_t is None or last_n < expected:
         raise RuntimeError(f"worker applied {last_n} of {expected} events")
-    cpu = _cpu_seconds(pid) - (cpu0 or 0.0)
+    cpu = process_cpu_seconds(pid) - (cpu0 or 0.0)
+    host = host_busy_seconds() - (host0 or 0.0)
     applied = last_n - (first_n or 0.0)
+    elapsed = max(last_t - first_t, 1e-9)
     return {
-        "events_per_s": applied / max(last_t - first_t, 1e-9),
+        "events_per_s": applied / elapsed,
         "worker_cpu_us_per_event": cpu / max(applied, 1) * 1e6,
+        "host_busy_cores": host / elapsed,
     }
 
 
@@ -340,12 +347,16 @@ async def _bench(settings: Settings, args: argparse.Namespace, work_dir: Path) -
     memory_before = await used_memory(memory_client)
     produce_s = await produce_all(settings, settings.topic_clicks, messages)
     raw = await raw_consume(settings, settings.topic_clicks, args.events)
+    redis_before = await redis_usage(memory_client)
     worker = start_worker(
         "features", settings, log_path=work_dir / f"{run}-worker.log", metrics_port=None
     )
     try:
         await asyncio.to_thread(worker.wait_ready, 120)
         drain = await measure_drain(worker.pid, settings.metrics_port or 0, args.events)
+        redis_side = redis_usage_per_event(
+            redis_before, await redis_usage(memory_client), args.events
+        )
         memory = await used_memory(memory_client) - memory_before
         await memory_client.aclose()
         users = len({key for key, _value in messages})
@@ -375,6 +386,8 @@ async def _bench(settings: Settings, args: argparse.Namespace, work_dir: Path) -
         "events_per_s": round(drain["events_per_s"], 1),
         "events_per_s_vs_raw": round(drain["events_per_s"] / raw, 3),
         "worker_cpu_us_per_event": round(drain["worker_cpu_us_per_event"], 1),
+        **redis_side,
+        "host_busy_cores": round(drain["host_busy_cores"], 2),
         **latency,
         "redis": settings.redis_mode,
         # used_memory (summed over masters) grown by the backlog's keys: the users' sequences,

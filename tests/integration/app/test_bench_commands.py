@@ -38,6 +38,15 @@ def test_bench_streams_small(stack: StackInfo, tmp_path: Path) -> None:
     for key in ("events_per_s", "raw_consume_per_s", "latency_p50_ms", "latency_p99_ms"):
         assert isinstance(out[key], float) and out[key] > 0, key
     assert out["latency_probes"] == 2 * 1000 // 25
+    # the Redis side of the drain: the script calls and, counted by Redis, the commands they ran
+    for key in ("redis_cpu_us_per_event", "redis_script_us_per_event"):
+        assert isinstance(out[key], float) and out[key] > 0, key
+    inside = out["redis_commands_us_per_event"]
+    assert isinstance(inside, dict) and {"set", "zadd", "hincrby"} <= set(inside), inside
+    share = out["redis_script_interpreter_share"]
+    assert isinstance(share, float) and 0 < share < 1
+    busy = out["host_busy_cores"]
+    assert isinstance(busy, float) and 0 < busy <= (os.cpu_count() or 1) + 0.05
     # --out: the same result in a file, which `bench report` draws from
     assert orjson.loads(saved.read_bytes()) == out
     drawn = bench("report", "--streams", str(saved), "--docs", str(tmp_path / "docs"))
@@ -64,6 +73,8 @@ def test_bench_scoring_quick(stack: StackInfo, workers: int) -> None:
         latency["p99_ms"] - echo["latency"]["50"]["p99_ms"], 2
     )
     assert 0 < latency["loadgen_cpu_percent"] < 100 * (os.cpu_count() or 1)
+    busy = out["saturation_host_busy_cores"]["per_request"]  # type: ignore[index]
+    assert 0 < busy <= (os.cpu_count() or 1) + 0.05
     assert set(out["goals"]) == {  # type: ignore[arg-type]
         "max_rps >= 1000",
         "max_rps >= 65% of forward-only",
