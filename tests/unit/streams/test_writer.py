@@ -12,12 +12,26 @@ from schemas import ClickEvent
 from streamrank import keys
 from streamrank.redis_client import slot_of_tag
 from streams.windows import Window
-from streams.writer import assemble
+from streams.writer import ITEM_ENTRY, USER_ENTRY, assemble
 
 NOW = 1_800_000_000_000
 WINDOWS = (Window("1h", 3600, 300), Window("24h", 86400, 3600))
 FINE_START = NOW // 1000 // 300 * 300
 COARSE_START = NOW // 1000 // 3600 * 3600
+
+
+def entries(flat: list[object], width: int) -> list[list[object]]:
+    """The script's flat entry list, one list per entry."""
+    assert len(flat) % width == 0
+    return [flat[k : k + width] for k in range(0, len(flat), width)]
+
+
+def users(payload: dict[str, list[object]]) -> list[list[object]]:
+    return entries(payload["u"], USER_ENTRY)
+
+
+def items(payload: dict[str, list[object]]) -> list[list[object]]:
+    return entries(payload["i"], ITEM_ENTRY)
 
 
 def build(events: list[ClickEvent], **kw: object) -> object:
@@ -51,7 +65,7 @@ def test_one_call_on_a_single_server_indexes_users_and_buckets_once() -> None:
     assert call.keys[6:8] == ["sr:{u:u1}:seq", "sr:{u:u2}:seq"]
     buckets = call.keys[8:]
     assert len(buckets) == len(payload["x"]) == len(set(buckets))
-    first, second, third = payload["u"]
+    first, second, third = users(payload)
     assert first[:3] == [1, str(NOW), "e1\x1fi1\x1fdrama"] and first[5] == "c:drama"
     assert buckets[first[3] - 1] == f"sr:{{u:u1}}:cnt:300:{FINE_START}"
     assert buckets[first[4] - 1] == f"sr:{{u:u1}}:cnt:3600:{COARSE_START}"
@@ -59,13 +73,13 @@ def test_one_call_on_a_single_server_indexes_users_and_buckets_once() -> None:
     assert payload["x"][first[4] - 1] == str((COARSE_START + 3600 + 86400 + 600) * 1000)
     assert second[0] == 1 and second[5] == ""  # same user, no category
     assert third[0] == 2
-    i1, i2, i3 = payload["i"]
+    i1, i2, i3 = items(payload)
     assert i1[3] == "i1" and buckets[i1[1] - 1] == f"sr:{{i:{s1}}}:cnt:300:{FINE_START}"
     assert buckets[i1[2] - 1] == f"sr:{{i:{s1}}}:cnt:3600:{COARSE_START}"
     assert i3[1:3] == i1[1:3]  # one item bucket shared across users
     assert i2[3] == "i2"
     # item markers live until the dedupe window ends (10 s here, before any bucket expires)
-    assert {e[0] for e in payload["i"]} == {str(NOW + 10_000)}
+    assert {e[0] for e in items(payload)} == {str(NOW + 10_000)}
     assert batch.too_old_for_counters == 0  # type: ignore[attr-defined]
 
 
@@ -78,10 +92,10 @@ def test_expired_buckets_are_not_counted_and_need_no_item_marker() -> None:
     )
     [call] = batch.calls  # type: ignore[attr-defined]
     payload = orjson.loads(call.args[0])
-    first, second = payload["u"]
+    first, second = users(payload)
     assert first[3:5] == [0, 0]  # two days old: no window reaches it
     assert second[3] == 0 and second[4] > 0  # too old for 1 h, still inside 24 h
-    [item] = payload["i"]  # only e2 is counted for its item
+    [item] = items(payload)  # only e2 is counted for its item
     assert item[1] == 0 and item[2] > 0
     coarse_start = hour_old // 1000 // 3600 * 3600
     assert item[0] == str((coarse_start + 3600 + 86400 + 600) * 1000)  # its last live bucket
@@ -106,7 +120,7 @@ def test_on_a_cluster_each_call_touches_one_slot_and_every_side_appears_once() -
         n_user, n_item, n_seq = payload["n"]
         user_sides.update(k.rsplit(":", 1)[1] for k in call.keys[:n_user])
         item_sides.update(k.rsplit(":", 1)[1] for k in call.keys[n_user : n_user + n_item])
-        assert len(payload["u"]) == n_user and len(payload["i"]) == n_item
+        assert len(users(payload)) == n_user and len(items(payload)) == n_item
         assert len(call.keys) == n_user + n_item + n_seq + len(payload["x"])
     every = Counter(e.event_id for e in events)
     assert user_sides == every and item_sides == every
