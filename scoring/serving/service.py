@@ -9,7 +9,8 @@ Every Redis wait of a batch is bounded by the batch's earliest deadline: a Redis
 (paused, overloaded, a network stall) costs a request at most its budget, then it is answered
 degraded (``redis_unavailable``), never later; a Redis back within the budget costs only
 latency. A request with less time left than Redis usually takes (``DeadlineMargin``) is
-answered ``expired`` at once, so that it does not cut its whole batch short.
+answered ``expired`` at once, and no deadline bounds the wait below the margin's
+``min_wait_ms`` (half the budget), so that one request does not cut its whole batch short.
 """
 
 from __future__ import annotations
@@ -150,7 +151,8 @@ class RankService:
                 assert ranked is not None
                 ranked.served = self._degraded_served(batch[i], version, ranked.result)
         if live:
-            until = min(deadlines[i] for i in live)
+            # One request near its deadline must not cut its batch-mates' wait to nothing.
+            until = max(min(deadlines[i] for i in live), arrival + int(self._margin.min_wait_ms))
             ranked_live = await self._rank_live([batch[i] for i in live], start, until)
             for i, ranked in zip(live, ranked_live, strict=True):
                 out[i] = ranked

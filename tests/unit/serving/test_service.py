@@ -397,6 +397,31 @@ async def test_without_the_margin_the_same_batch_is_cut_at_its_earliest_deadline
     assert [r.result.reason for r in out] == [replies.REDIS_UNAVAILABLE] * 2
 
 
+async def test_no_deadline_cuts_the_batch_wait_below_the_minimum_even_on_a_cold_worker() -> None:
+    """The margin's guess of Redis' time can be short (a survivor's first batches after a
+    takeover): a request with a few ms left bounds its batch's Redis wait only down to
+    ``min_wait_ms``, so Redis answering in 20 ms scores both (the first one late)."""
+    features = TimedFeatures(SEQ, {})
+    service, breaker = make(ONE, features, margin=DeadlineMargin(cap_ms=1000.0))  # cold
+    now = clock.now_ms()
+    out = await service.rank(
+        [incoming("r1", "u1", ["a", "b"]), incoming("r2", "u2", ["b"])],
+        deadlines=[now + 5, now + 10_000],
+    )
+    assert [(r.result.degraded, r.result.model_version) for r in out] == [(False, "v1")] * 2
+    assert breaker.state is BreakerState.CLOSED
+
+
+async def test_a_hanging_redis_is_still_cut_at_the_minimum_wait() -> None:
+    features = HangingFeatures(SEQ, {"a": 1.0})
+    service, _ = make(ONE, features, margin=DeadlineMargin(cap_ms=200.0))
+    now = clock.now_ms()
+    started = time.monotonic()
+    out = await service.rank([incoming("r1", "u1", ["a"])], deadlines=[now + 5])
+    assert 0.15 <= time.monotonic() - started < 5  # ~200 ms: the minimum wait, then cut
+    assert out[0].result.reason == replies.REDIS_UNAVAILABLE
+
+
 def test_the_margin_follows_redis_time_up_to_its_cap() -> None:
     margin = DeadlineMargin(cap_ms=25.0)
     assert margin.ms == 0.0  # nothing known: nothing refused
