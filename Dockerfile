@@ -1,4 +1,5 @@
-# streamrank worker image: one image, the command picks the worker kind.
+# streamrank worker image: one image, the command picks the worker kind. It installs the
+# runtime dependencies only (no `tools` extra: no embedded broker, Redis binary or plots).
 FROM python:3.11-slim
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app
@@ -9,6 +10,7 @@ COPY streamrank ./streamrank
 COPY streams ./streams
 COPY scoring ./scoring
 COPY schemas ./schemas
+COPY workbench ./workbench
 RUN pip install . && useradd --uid 10001 streamrank
 USER streamrank
 EXPOSE 9464 9465

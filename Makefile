@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)"
-	$(BIN)/python -m pip install --quiet -e ".[test,plots]" "torch==$(TORCH_VERSION)"
+	$(BIN)/python -m pip install --quiet -e ".[test,tools]" "torch==$(TORCH_VERSION)"
 	touch $(STAMP)
 
 demo: setup
@@ -53,7 +53,7 @@ test-cluster: setup
 	STREAMRANK_TEST_REDIS=cluster $(BIN)/pytest -q tests/integration
 
 docs: setup
-	$(BIN)/python -m streamrank.cli.docs README.md
+	$(BIN)/python -m workbench.cli.docs README.md
 
 stack-up: setup
 	$(BIN)/streamrank stack up

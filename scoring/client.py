@@ -20,8 +20,9 @@ from aiokafka.errors import KafkaError
 
 from schemas import RankRequest, RankResult, decode_result
 from scoring.serving.replies import is_error_reply
-from streamrank import kafka, tasks
 from streamrank.errors import ContractError, KafkaUnavailable, StreamrankError
+from streamrank.kafka import clients as kafka
+from streamrank.runtime import tasks
 from streamrank.settings import Settings
 
 logger = logging.getLogger(__name__)

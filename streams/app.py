@@ -30,7 +30,8 @@ from typing import Any
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
-from streamrank import groups, kafka_guard
+from streamrank.kafka import guard as kafka_guard
+from streamrank.runtime import groups
 from streams.classify import Record
 
 logger = logging.getLogger(__name__)

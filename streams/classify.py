@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from schemas import ClickEvent, DeadLetter, KafkaHeaders, Limits, decode_click
 from streamrank.errors import UNDECODABLE_BATCH, ContractError, internal_error
-from streamrank.kafka_guard import UndecodableBatch
+from streamrank.kafka.guard import UndecodableBatch
 
 
 class Record(NamedTuple):

@@ -1,5 +1,5 @@
 """The features worker in its consumer group: its assignment in the group registry
-(:mod:`streamrank.groups`), readiness (:mod:`streamrank.health`) and rebalance metrics, all
+(:mod:`streamrank.runtime.groups`), readiness (:mod:`streamrank.runtime.health`) and rebalance metrics, all
 through Faust's public hooks: the ``on_partitions_revoked`` / ``on_partitions_assigned``
 signals and an app task on the worker's event loop."""
 
@@ -10,10 +10,10 @@ import logging
 import time
 from typing import Any
 
-from streamrank import groups, health
-from streamrank.health import Health
-from streamrank.redis_client import redis_client
-from streamrank.tasks import cancel_and_wait
+from streamrank.redis.client import redis_client
+from streamrank.runtime import groups, health
+from streamrank.runtime.health import Health
+from streamrank.runtime.tasks import cancel_and_wait
 from streams.metrics import FeatureMetrics
 
 logger = logging.getLogger(__name__)

@@ -24,9 +24,11 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from schemas import Limits, peek_field
-from streamrank import clock, kafka, logs
+from streamrank import clock
 from streamrank.errors import DependencyUnavailable, KafkaUnavailable
-from streamrank.redis_client import redis_client, slot_grouping
+from streamrank.kafka import clients as kafka
+from streamrank.redis.client import redis_client, slot_grouping
+from streamrank.runtime import logs
 from streams.classify import Classified, Record, classify
 from streams.metrics import FeatureMetrics
 from streams.windows import windows_from_settings

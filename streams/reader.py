@@ -9,7 +9,7 @@
   {"clicks_1h", "clicks_24h"}}}``, windows ending at ``at_ms`` (default: now).
 - ``await item_popularity(item_ids)`` -> int64 array of 24 h clicks, aligned with ``item_ids``.
 
-Each read is one pipeline per Redis node (:class:`streamrank.redis_pipeline.NodePipeline`): on a
+Each read is one pipeline per Redis node (:class:`streamrank.redis.pipeline.NodePipeline`): on a
 cluster the nodes are read concurrently, so a batch still costs one round trip of wall time.
 Item counters are read per item shard (:func:`streamrank.keys.item_shard`): one ``HMGET`` per
 (shard, bucket) for the items of that shard.
@@ -24,9 +24,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from streamrank import clock, keys
-from streamrank.redis_client import redis_client
-from streamrank.redis_errors import redis_call
-from streamrank.redis_pipeline import NodePipeline
+from streamrank.redis.client import redis_client
+from streamrank.redis.errors import redis_call
+from streamrank.redis.pipeline import NodePipeline
 from streams.windows import Window, window_buckets, windows_from_settings
 
 _CATEGORY_PREFIX = keys.category_field("")

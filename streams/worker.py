@@ -9,10 +9,11 @@ import sys
 
 from prometheus_client import CollectorRegistry
 
-from streamrank import kafka, logs
 from streamrank.errors import one_line
-from streamrank.health import Health
-from streamrank.metrics_http import resolve_port, serve_metrics
+from streamrank.kafka import clients as kafka
+from streamrank.runtime import logs
+from streamrank.runtime.health import Health
+from streamrank.runtime.metrics_http import resolve_port, serve_metrics
 from streamrank.settings import Settings
 from streams.membership import READY_CHECKS, watch_membership
 from streams.metrics import FeatureMetrics
@@ -25,7 +26,7 @@ def run_features_worker(settings: Settings, *, metrics_port: int | None = None) 
     """Create the topics, serve /metrics, and run the Faust worker until it is stopped."""
     import faust
 
-    from streamrank.topics import create_topics
+    from streamrank.kafka.topics import create_topics
     from streams.app import create_app
 
     async def prepare() -> None:

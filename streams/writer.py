@@ -14,7 +14,7 @@ counters) and its item shard's (item counters). Each side has its own marker, so
 applied once on its own: :func:`assemble` splits a batch into one call per slot group (on a
 cluster, per hash slot; on a single server everything is one group, one call), and
 :class:`BatchWriter` sends the calls as one pipeline per node, the nodes concurrently
-(:func:`streamrank.redis_pipeline.run_scripts`). A batch counts as written only when every call
+(:func:`streamrank.redis.pipeline.run_scripts`). A batch counts as written only when every call
 answered; after a partial failure the whole batch is sent again, and the calls that had been
 applied find their markers and change nothing. Works on Redis 6.2 (no functions, no HEXPIRE).
 """
@@ -30,8 +30,8 @@ import orjson
 
 from schemas import ClickEvent
 from streamrank import keys
-from streamrank.redis_errors import redis_call
-from streamrank.redis_pipeline import ReplicaWait, ScriptCall, run_scripts
+from streamrank.redis.errors import redis_call
+from streamrank.redis.pipeline import ReplicaWait, ScriptCall, run_scripts
 from streams.windows import Window, bucket_expire_at_ms, bucket_start
 
 logger = logging.getLogger(__name__)
@@ -257,7 +257,7 @@ def assemble(
 
 class BatchWriter:
     """Runs a batch's script calls; ``await writer.apply(batch)`` returns how many events were
-    new. ``wait_replicas``: see :class:`streamrank.redis_pipeline.ReplicaWait`."""
+    new. ``wait_replicas``: see :class:`streamrank.redis.pipeline.ReplicaWait`."""
 
     def __init__(self, *, redis: Any, wait_replicas: int = 0, wait_timeout_ms: int = 1000) -> None:
         self._redis = redis

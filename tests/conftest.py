@@ -62,7 +62,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
     if bootstrap and redis_url:
         yield StackInfo(bootstrap, redis_url, run_dir)
         return
-    from streamrank.devstack.stack import EmbeddedStack
+    from workbench.devstack.stack import EmbeddedStack
 
     cluster = os.environ.get("STREAMRANK_TEST_REDIS", "standalone") == "cluster"
     embedded = EmbeddedStack.on_free_ports(run_dir, redis_cluster=cluster)

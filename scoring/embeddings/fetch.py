@@ -3,7 +3,7 @@
 A table's buckets are grouped into shards, one hash tag each (:mod:`streamrank.keys`). The
 script (default) runs once per slot group: on a single server one call for the whole batch, on
 a cluster one call per slot the batch's shards live in, sent as one pipeline per node with the
-nodes read concurrently (:func:`streamrank.redis_pipeline.run_scripts`). Each call first checks
+nodes read concurrently (:func:`streamrank.redis.pipeline.run_scripts`). Each call first checks
 that one of its shards' copies of the publish id is still the one this process cached, then
 ``HGET``s its ids from their buckets, and replies with three elements however many ids it read.
 The pipeline mode (``GET`` the shards' publish ids, one ``HMGET`` per touched bucket) is also one
@@ -23,8 +23,8 @@ from scoring.embeddings.bucketing import bucket_of, group_by_bucket
 from scoring.embeddings.meta import EncodedRows, FetchMode, TableMeta
 from streamrank import keys
 from streamrank.errors import EmbeddingError
-from streamrank.redis_client import slot_grouping
-from streamrank.redis_pipeline import NodePipeline, ScriptCall, run_scripts
+from streamrank.redis.client import slot_grouping
+from streamrank.redis.pipeline import NodePipeline, ScriptCall, run_scripts
 
 _SEP = keys.FIELD_SEP
 

@@ -23,9 +23,9 @@ from scoring.embeddings.meta import PublishReport
 from scoring.embeddings.validate import check_ids, check_matrix, check_name, check_oov_row
 from streamrank import keys
 from streamrank.errors import EmbeddingError
-from streamrank.redis_client import on_each_server
-from streamrank.redis_errors import redis_call
-from streamrank.redis_pipeline import NodePipeline
+from streamrank.redis.client import on_each_server
+from streamrank.redis.errors import redis_call
+from streamrank.redis.pipeline import NodePipeline
 
 logger = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from scoring.embeddings.publish import TablePublisher
 from scoring.embeddings.validate import check_name
 from streamrank import keys
 from streamrank.errors import ConfigError, EmbeddingError, UnknownVersion
-from streamrank.redis_client import client_for_url, redis_client
-from streamrank.redis_errors import redis_call
+from streamrank.redis.client import client_for_url, redis_client
+from streamrank.redis.errors import redis_call
 
 logger = logging.getLogger(__name__)
 

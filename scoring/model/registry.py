@@ -24,7 +24,7 @@ from scoring.model.canary import parse_split
 from scoring.model.din import DenseWeights, DinScorer
 from streamrank import keys
 from streamrank.errors import ArtifactError, EmbeddingError, UnknownVersion
-from streamrank.redis_errors import redis_call
+from streamrank.redis.errors import redis_call
 
 logger = logging.getLogger(__name__)
 

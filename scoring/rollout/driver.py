@@ -35,7 +35,7 @@ from scoring.rollout.state import Applied, RolloutState, RolloutStore, describe_
 from scoring.rollout.stats import Summary, summarize
 from streamrank import clock, keys
 from streamrank.errors import ConfigError, RedisUnavailable, StreamrankError, UnknownVersion
-from streamrank.redis_errors import redis_call
+from streamrank.redis.errors import redis_call
 
 logger = logging.getLogger(__name__)
 

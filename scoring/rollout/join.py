@@ -36,7 +36,7 @@ from scoring.rollout.records import Served
 from scoring.rollout.stats import latency_bin, ranks_by_score, score_bin
 from streamrank import keys
 from streamrank.errors import ConfigError
-from streamrank.redis_errors import redis_call
+from streamrank.redis.errors import redis_call
 
 # Open requests remembered per (user, item) in the last-touch index.
 INDEX_CAP = 8

@@ -9,7 +9,7 @@ import redis.asyncio as aioredis
 
 from scoring.rollout.stats import Summary, VersionStats, summarize
 from streamrank import keys
-from streamrank.redis_errors import redis_call
+from streamrank.redis.errors import redis_call
 
 WINDOWS: dict[str, int] = {"10m": 600, "1h": 3600}  # the rolling windows exported and shown
 

@@ -22,7 +22,7 @@ import orjson
 import redis.asyncio as aioredis
 
 from streamrank import keys
-from streamrank.redis_errors import redis_call
+from streamrank.redis.errors import redis_call
 
 Status = Literal["running", "paused", "promoted", "rolled_back", "aborted"]
 ACTIVE: frozenset[str] = frozenset({"running", "paused"})

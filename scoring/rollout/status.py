@@ -14,7 +14,7 @@ from scoring.rollout.online import Window, read_stats
 from scoring.rollout.state import RolloutStore
 from scoring.rollout.stats import Estimate, compare, summarize
 from streamrank import keys
-from streamrank.redis_errors import redis_call
+from streamrank.redis.errors import redis_call
 
 VERDICT_METRICS = ("auc", "gauc", "ctr5", "mrr")
 

@@ -35,7 +35,7 @@ from scoring.rollout.join import JoinConfig, OutcomeStore, assemble, require_sin
 from scoring.rollout.metrics import OutcomeMetrics
 from scoring.rollout.online import WINDOWS, Window, read_summaries, recent_versions
 from scoring.rollout.records import Served, decode_served, outcome_record
-from streamrank import clock, groups, health, kafka, keys, tasks
+from streamrank import clock, keys
 from streamrank.errors import (
     UNDECODABLE_BATCH,
     ConfigError,
@@ -44,14 +44,16 @@ from streamrank.errors import (
     RedisUnavailable,
     internal_error,
 )
-from streamrank.health import Health
-from streamrank.kafka_guard import UndecodableBatch
-from streamrank.redis_client import redis_client
+from streamrank.kafka import clients as kafka
+from streamrank.kafka.guard import UndecodableBatch
+from streamrank.redis.client import redis_client
+from streamrank.runtime import groups, health, tasks
+from streamrank.runtime.health import Health
 from streamrank.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-READY = "outcomes worker consuming"  # streamrank.devstack.processes waits for it
+READY = "outcomes worker consuming"  # workbench.devstack.processes waits for it
 CLAIM_VISIBILITY_MS = 30_000  # a claimed record comes back to any closer after this long
 CLOSE_BATCH = 500
 READY_CHECKS = ("group", "redis")  # what /readyz waits for
@@ -125,7 +127,7 @@ class OutcomesWorker:
     async def start(self) -> None:
         s = self.settings
         assert s.served_log_topic is not None
-        from streamrank.topics import create_topics
+        from streamrank.kafka.topics import create_topics
 
         self._redis = redis_client(s, timeout_s=s.outcomes_redis_timeout_s)
         self._store = OutcomeStore(redis=self._redis)
@@ -184,7 +186,7 @@ class OutcomesWorker:
         self._stopping.set()
         # A cancellation that lands inside a Redis read can come out as redis-py's
         # TimeoutError, which the loop survives (it also stops on _stopping), or be lost
-        # (streamrank.tasks): cancelled again until it ends, and not waited for forever.
+        # (streamrank.runtime.tasks): cancelled again until it ends, and not waited for forever.
         await tasks.cancel_and_wait(self._tasks, what="outcomes worker", timeout_s=5)
         self._tasks = []
         for client in (self._consumer, self._producer):

@@ -33,8 +33,9 @@ from scoring.serving.metrics import ScoringMetrics
 from scoring.serving.protocols import EmbeddingSource, FeatureSource, Scorer
 from scoring.serving.served_log import degraded_record, served_record
 from scoring.serving.watcher import RecentIds, Serving
-from streamrank import clock, keys, redis_errors
+from streamrank import clock, keys
 from streamrank.errors import DependencyUnavailable, StreamrankError
+from streamrank.redis import errors as redis_errors
 
 logger = logging.getLogger(__name__)
 

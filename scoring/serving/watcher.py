@@ -22,8 +22,9 @@ from scoring.model.canary import Split, assign, parse_split
 from scoring.model.versions import read_pointers
 from scoring.serving.metrics import ScoringMetrics
 from scoring.serving.protocols import EmbeddingSource, Scorer
-from streamrank import keys, tasks
+from streamrank import keys
 from streamrank.errors import StreamrankError
+from streamrank.runtime import tasks
 
 logger = logging.getLogger(__name__)
 

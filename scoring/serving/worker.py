@@ -42,11 +42,13 @@ from scoring.serving.protocols import EmbeddingSource, FeatureSource
 from scoring.serving.rebalance import RebalanceListener
 from scoring.serving.service import Incoming, Ranked, RankService
 from scoring.serving.watcher import Loader, RecentIds, VersionWatcher
-from streamrank import clock, groups, health, kafka, logs, tasks
+from streamrank import clock
 from streamrank.errors import UNDECODABLE_BATCH, ContractError, internal_error
-from streamrank.health import Health
-from streamrank.kafka_guard import UndecodableBatch
-from streamrank.redis_client import redis_client
+from streamrank.kafka import clients as kafka
+from streamrank.kafka.guard import UndecodableBatch
+from streamrank.redis.client import redis_client
+from streamrank.runtime import groups, health, logs, tasks
+from streamrank.runtime.health import Health
 from streamrank.settings import Settings
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from tests.conftest import StackInfo
 
 def bench(*args: str) -> dict[str, object]:
     result = subprocess.run(
-        [sys.executable, "-m", "streamrank.cli", "bench", *args, "--json"],
+        [sys.executable, "-m", "workbench.cli", "bench", *args, "--json"],
         env=dict(os.environ),
         capture_output=True,
         text=True,

@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from streamrank.bench import embeddings as bench_embeddings
 from tests.conftest import StackInfo
+from workbench.bench import embeddings as bench_embeddings
 
 
 def args(**overrides: object) -> argparse.Namespace:
@@ -41,7 +41,7 @@ def test_small_run_reports_every_figure(stack: StackInfo) -> None:
 @pytest.mark.slow
 @pytest.mark.standalone_only("starts a private redis-server, whatever the test Redis is")
 def test_private_redis_is_started_and_stopped(stack: StackInfo) -> None:
-    from streamrank.devstack.stack import redis_answers
+    from workbench.devstack.services import redis_answers
 
     settings = stack.settings()
     with bench_embeddings.bench_redis(settings, private=True) as (url, started):

@@ -15,7 +15,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from streamrank.devstack.stack import free_port, port_in_use
+from workbench.devstack.services import free_port, port_in_use
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -52,7 +52,7 @@ def test_demo_shows_the_pipeline_and_ctrl_c_stops_everything_it_started(tmp_path
     kafka_port, redis_port = free_port(), free_port()
     env = demo_env(tmp_path, kafka_port, redis_port)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamrank.cli", "demo", "--view", "user", "--every", "1",
+        [sys.executable, "-m", "workbench.cli", "demo", "--view", "user", "--every", "1",
          "--no-progress"],
         env=env,
         stdout=subprocess.PIPE,
@@ -113,7 +113,7 @@ def test_demo_shows_the_dashboard_and_tail_follows_its_results_live(tmp_path: Pa
     kafka_port, redis_port = free_port(), free_port()
     env = demo_env(tmp_path, kafka_port, redis_port)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamrank.cli", "demo", "--every", "2", "--no-progress"],
+        [sys.executable, "-m", "workbench.cli", "demo", "--every", "2", "--no-progress"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     assert proc.stdout is not None
@@ -138,7 +138,7 @@ def test_demo_shows_the_dashboard_and_tail_follows_its_results_live(tmp_path: Pa
         assert "streamrank tail rank-results --follow" in text
         # an analyst follows the results while the demo runs
         tail = subprocess.Popen(
-            [sys.executable, "-m", "streamrank.cli", "tail", "rank-results", "--follow",
+            [sys.executable, "-m", "workbench.cli", "tail", "rank-results", "--follow",
              "--json"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip

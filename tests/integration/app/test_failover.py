@@ -16,15 +16,15 @@ import orjson
 import pytest
 
 from scoring.client import RankClient
-from streamrank import kafka
-from streamrank.devstack.cluster import LocalCluster, cluster_info
-from streamrank.devstack.processes import start_worker
-from streamrank.redis_client import redis_client
+from streamrank.kafka import clients as kafka
+from streamrank.kafka.topics import create_topics
+from streamrank.redis.client import redis_client
 from streamrank.settings import Settings
-from streamrank.topics import create_topics
 from streams.reader import FeatureReader
 from tests.integration.support.features import poll, sequence_members
 from tests.integration.support.scoring import item_ids, publish
+from workbench.devstack.cluster import LocalCluster, cluster_info
+from workbench.devstack.processes import start_worker
 
 pytestmark = [
     pytest.mark.timeout(420),
@@ -204,7 +204,7 @@ def _node_id(cluster: LocalCluster, port: int) -> str:
 
 async def _promoted(survivor: int, replica: int) -> bool:
     def check() -> bool:
-        from streamrank.devstack.cluster import cluster_nodes
+        from workbench.devstack.cluster import cluster_nodes
 
         seen = {n.port: n for n in cluster_nodes(survivor)}
         state = cluster_info(survivor).get("cluster_state")
@@ -220,11 +220,11 @@ async def test_slots_moved_under_load_lose_nothing_and_apply_nothing_twice(
     and read: MOVED/ASK are followed, TRYAGAIN is retried, and every event lands exactly once."""
     from prometheus_client import CollectorRegistry
 
-    from streamrank.devstack.cluster import redis_cli_binary
-    from streamrank.devstack.processes import run_tool
     from streams.classify import Record
     from streams.metrics import FeatureMetrics
     from streams.processor import FeatureProcessor
+    from workbench.devstack.cluster import redis_cli_binary
+    from workbench.devstack.processes import run_tool
 
     cluster = LocalCluster(run_dir=tmp_path / "cluster", node_timeout_ms=3000)
     await asyncio.to_thread(cluster.start)

@@ -14,12 +14,12 @@ import orjson
 import pytest
 
 from scoring.client import RankClient
-from streamrank.devstack.processes import start_worker
-from streamrank.redis_client import redis_client
+from streamrank.kafka.topics import create_topics
+from streamrank.redis.client import redis_client
 from streamrank.settings import Settings
-from streamrank.topics import create_topics
 from tests.integration.support.features import click, poll, produce, sequence_members
 from tests.integration.support.scoring import item_ids, publish
+from workbench.devstack.processes import start_worker
 
 pytestmark = pytest.mark.timeout(240)
 JSON_DEBUG = {"STREAMRANK_LOG_FORMAT": "json", "STREAMRANK_LOG_LEVEL": "DEBUG"}

@@ -14,9 +14,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer
 from confluent_kafka import TopicPartition as CTopicPartition
 
 from schemas import decode_result
-from streamrank.redis_client import redis_client
+from streamrank.kafka.topics import create_topics
+from streamrank.redis.client import redis_client
 from streamrank.settings import Settings
-from streamrank.topics import create_topics
 from tests.integration.support.kafka import in_thread
 from tests.integration.support.scoring import item_ids, publish, running_worker
 

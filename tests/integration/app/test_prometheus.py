@@ -21,15 +21,15 @@ import yaml
 from scoring.client import RankClient
 from streamrank import keys
 from streamrank.clock import now_ms
-from streamrank.devstack.processes import ChildProcess, start_child, start_worker
-from streamrank.devstack.stack import free_port
-from streamrank.metrics_http import DEFAULT_PORTS
-from streamrank.redis_client import redis_client
+from streamrank.kafka.topics import create_topics
+from streamrank.redis.client import redis_client
+from streamrank.runtime.metrics_http import DEFAULT_PORTS
 from streamrank.settings import Settings
-from streamrank.topics import create_topics
 from tests.conftest import require_tool
 from tests.integration.support.features import click, poll, produce
 from tests.integration.support.scoring import item_ids, publish
+from workbench.devstack.processes import ChildProcess, start_child, start_worker
+from workbench.devstack.services import free_port
 
 pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parents[3]
@@ -120,7 +120,7 @@ async def test_prometheus_scrapes_both_workers_and_answers_queries(
         await client.rank("warm-up", items, timeout=60)
         # `streamrank top` over a window with traffic: its figures come from the same /metrics
         top = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "streamrank.cli", "top", "--once", "--every", "5", "--json",
+            sys.executable, "-m", "workbench.cli", "top", "--once", "--every", "5", "--json",
             "--features", f"http://127.0.0.1:{ports['features']}/metrics",
             "--scoring", f"http://127.0.0.1:{ports['scoring']}/metrics",
             stdout=asyncio.subprocess.PIPE,

@@ -17,11 +17,9 @@ import pytest
 
 from schemas import decode_dead_letter, decode_result
 from streamrank import keys
-from streamrank.devstack.processes import WorkerProcess, start_worker
-from streamrank.devstack.stack import free_port
-from streamrank.redis_client import redis_client
+from streamrank.kafka.topics import create_topics
+from streamrank.redis.client import redis_client
 from streamrank.settings import Settings
-from streamrank.topics import create_topics
 from tests.integration.support.features import metric, poll, scrape, sequence_members
 from tests.integration.support.kafka import (
     Message,
@@ -32,6 +30,8 @@ from tests.integration.support.kafka import (
     produce_raw_batch,
 )
 from tests.integration.support.scoring import item_ids, publish
+from workbench.devstack.processes import WorkerProcess, start_worker
+from workbench.devstack.services import free_port
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -152,7 +152,7 @@ async def test_every_codec_with_headers_is_applied_answered_and_dead_lettered(
     # `streamrank tail` reads records of every codec (and prints the poison pills too)
     shown = await in_thread(
         subprocess.run,
-        [sys.executable, "-m", "streamrank.cli", "tail", s.topic_clicks, "--from-beginning",
+        [sys.executable, "-m", "workbench.cli", "tail", s.topic_clicks, "--from-beginning",
          "--json"],
         capture_output=True, env={**os.environ, **s.as_env()}, check=True, timeout=120,
     )  # fmt: skip

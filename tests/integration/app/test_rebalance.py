@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from streamrank.bench import rebalance
-from streamrank.cli.bench import bench_parser
 from tests.conftest import StackInfo
+from workbench.bench import rebalance
+from workbench.cli.bench import bench_parser
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 PARTITIONS = 6

@@ -12,10 +12,10 @@ import pytest
 
 from scoring.model.artifact import CANDIDATES_FILE, load_artifact
 from streamrank import keys
-from streamrank.cli.main import main
-from streamrank.devstack.cases import load_cases, offline_scores
 from tests.conftest import StackInfo
 from tests.integration.support.scoring import train_tiny_artifact
+from workbench.cli.main import main
+from workbench.devstack.cases import load_cases, offline_scores
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -20,13 +20,14 @@ import pytest
 
 from scoring.client import RankClient
 from streamrank import keys
-from streamrank.devstack.processes import start_worker, worker_env
-from streamrank.devstack.stack import free_port, private_redis
-from streamrank.redis_client import redis_client
+from streamrank.kafka.topics import create_topics
+from streamrank.redis.client import redis_client
 from streamrank.settings import Settings
-from streamrank.topics import create_topics
 from tests.integration.support.features import click, produce
 from tests.integration.support.scoring import item_ids, publish
+from workbench.devstack.processes import start_worker, worker_env
+from workbench.devstack.servers import private_redis
+from workbench.devstack.services import free_port
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -41,7 +42,7 @@ def assert_clean(text: str, where: str) -> None:
 
 
 def cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "streamrank.cli", *args], env=env,
+    return subprocess.run([sys.executable, "-m", "workbench.cli", *args], env=env,
                           capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
 
 

@@ -50,7 +50,7 @@ def test_sigterm_stops_a_benchmark_s_private_stack(tmp_path: Path) -> None:
         STREAMRANK_KAFKA_BOOTSTRAP="127.0.0.1:9", STREAMRANK_REDIS_URL="redis://127.0.0.1:9/0"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamrank.cli", "bench", "streams", "--events", "200000"],
+        [sys.executable, "-m", "workbench.cli", "bench", "streams", "--events", "200000"],
         env=env,
         cwd=tmp_path,
         stdout=subprocess.DEVNULL,

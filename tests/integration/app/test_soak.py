@@ -30,7 +30,7 @@ def test_bench_soak_short() -> None:
     args = ["--minutes", "1", "--window-s", "20", "--ttl-s", "10", "--items", "2000",
             "--backlog-clicks", "5000", "--backlog-requests", "300", "--fraction", "0.25"]  # fmt: skip
     result = subprocess.run(
-        [sys.executable, "-m", "streamrank.cli", "bench", "soak", *args, "--json"],
+        [sys.executable, "-m", "workbench.cli", "bench", "soak", *args, "--json"],
         env=dict(os.environ),
         capture_output=True,
         text=True,

@@ -15,14 +15,15 @@ import orjson
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from streamrank.devstack.stack import EmbeddedStack, free_port
+from streamrank.kafka.topics import create_topics
 from streamrank.settings import Settings
-from streamrank.topics import create_topics
+from workbench.devstack.services import free_port
+from workbench.devstack.stack import EmbeddedStack
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "streamrank.cli", *args],
+        [sys.executable, "-m", "workbench.cli", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -82,7 +83,7 @@ def test_up_is_idempotent_status_reports_and_down_stops_only_its_own(
 def test_a_local_redis_cluster_is_started_reported_and_stopped(
     private_env: dict[str, str],
 ) -> None:
-    from streamrank.devstack.cluster import free_base_port
+    from workbench.devstack.cluster import free_base_port
 
     base = free_base_port(6)
     private_env["STREAMRANK_STACK_REDIS_PORT"] = str(base)

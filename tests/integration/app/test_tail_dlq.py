@@ -17,10 +17,11 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from scoring.client import RankClient
-from streamrank import kafka, keys
-from streamrank.redis_client import redis_client
+from streamrank import keys
+from streamrank.kafka import clients as kafka
+from streamrank.kafka.topics import create_topics
+from streamrank.redis.client import redis_client
 from streamrank.settings import Settings
-from streamrank.topics import create_topics
 from tests.integration.support.scoring import item_ids, publish, read_topic, running_worker
 
 pytestmark = pytest.mark.timeout(240)
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.timeout(240)
 
 async def cli(settings: Settings, *args: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "streamrank.cli", *args,
+        sys.executable, "-m", "workbench.cli", *args,
         env={**os.environ, **settings.as_env(), "COLUMNS": "200"},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
@@ -80,7 +81,7 @@ async def test_tail_follows_filters_and_never_joins_a_group(
         await client.rank("warm-up", items, timeout=60)
         before = await group_ids(settings)
         follow = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "streamrank.cli", "tail", settings.topic_results,
+            sys.executable, "-m", "workbench.cli", "tail", settings.topic_results,
             "--follow", "--json",
             env={**os.environ, **settings.as_env()},
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-from streamrank import groups, keys
-from streamrank.redis_client import client_for_url
-from streamrank.tasks import cancel_and_wait
+from streamrank import keys
+from streamrank.redis.client import client_for_url
+from streamrank.runtime import groups
+from streamrank.runtime.tasks import cancel_and_wait
 from tests.conftest import StackInfo
 from tests.integration.support.features import poll
 

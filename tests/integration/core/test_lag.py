@@ -7,9 +7,9 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
-from streamrank.lag import group_lag, summarise
+from streamrank.kafka.topics import create_topics
 from streamrank.settings import Settings
-from streamrank.topics import create_topics
+from workbench.lag import group_lag, summarise
 
 
 async def test_lag_is_end_offset_minus_committed(

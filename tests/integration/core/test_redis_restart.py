@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from streamrank.devstack.stack import RedisServer, free_port
-from streamrank.redis_client import client_for_url, redis_client
+from streamrank.redis.client import client_for_url, redis_client
 from streamrank.settings import Settings
+from workbench.devstack.servers import RedisServer
+from workbench.devstack.services import free_port
 
 CONCURRENT = 16  # connections the pool holds before the restart
 

@@ -173,8 +173,8 @@ async def test_zero_budget_caches_nothing(
 
 
 async def test_redis_down_is_a_retriable_error() -> None:
-    from streamrank.devstack.stack import free_port
     from streamrank.errors import RedisUnavailable
+    from workbench.devstack.services import free_port
 
     down = EmbeddingStore.from_url(
         f"redis://127.0.0.1:{free_port()}/0",

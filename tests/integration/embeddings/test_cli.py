@@ -8,9 +8,9 @@ import orjson
 import pytest
 
 from scoring.embeddings.store import EmbeddingStore
-from streamrank.cli.main import main
 from tests.conftest import StackInfo
 from tests.integration.support.embeddings import matrix
+from workbench.cli.main import main
 
 
 async def _publish(url: str, version: str) -> None:

@@ -14,7 +14,7 @@ from scoring.embeddings.store import EmbeddingStore
 from scoring.model.registry import delete_version
 from streamrank import keys
 from streamrank.errors import EmbeddingError, UnknownVersion
-from streamrank.redis_client import client_for_url, is_cluster
+from streamrank.redis.client import client_for_url, is_cluster
 from tests.conftest import StackInfo
 from tests.integration.support.embeddings import (
     RoundTrips,

@@ -16,11 +16,11 @@ from scoring.embeddings.store import EmbeddingStore
 from scoring.model.artifact import ITEMS_FILE, load_artifact
 from scoring.model.registry import activate_version, load_scorer_from_redis, publish_artifact
 from streamrank import keys
-from streamrank.cli.main import main
 from streamrank.errors import ArtifactError, UnknownVersion
-from streamrank.redis_client import client_for_url
+from streamrank.redis.client import client_for_url
 from tests.conftest import StackInfo
 from tests.unit.model.test_artifact import make_artifact
+from workbench.cli.main import main
 
 
 def _run(url: str, fn: Any) -> Any:

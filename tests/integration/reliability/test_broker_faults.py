@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from streamrank.devstack.stack import KafkaBroker, free_port
 from streamrank.settings import Settings
 from tests.integration.support.reliability import (
     assert_alive,
@@ -21,6 +20,8 @@ from tests.integration.support.reliability import (
     report,
     rig,
 )
+from workbench.devstack.servers import KafkaBroker
+from workbench.devstack.services import free_port
 
 pytestmark = pytest.mark.timeout(420)
 

@@ -28,16 +28,16 @@ from hypothesis import strategies as st
 
 from schemas import DEFAULT_LIMITS, decode_click, decode_dead_letter, decode_request
 from streamrank import keys
-from streamrank.devstack.processes import WorkerProcess, start_worker
-from streamrank.devstack.stack import private_redis
 from streamrank.errors import ContractError
-from streamrank.redis_client import redis_client
+from streamrank.kafka.topics import create_topics
+from streamrank.redis.client import redis_client
 from streamrank.settings import Settings
-from streamrank.topics import create_topics
 from tests.conftest import StackInfo
 from tests.integration.support.reliability import assert_alive
 from tests.integration.support.scoring import item_ids, publish
 from tests.unit.schemas.test_contracts_properties import documents
+from workbench.devstack.processes import WorkerProcess, start_worker
+from workbench.devstack.servers import private_redis
 
 pytestmark = pytest.mark.timeout(900)
 

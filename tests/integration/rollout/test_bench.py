@@ -27,7 +27,7 @@ def test_bench_rollout_rolls_back_the_bad_promotes_the_good(
     client = redis.Redis.from_url(stack.redis_url)
     before = client.mget([keys.active_model(), keys.model_split()])
     argv = [
-        sys.executable, "-m", "streamrank.cli", "bench", "rollout", "--artifact",
+        sys.executable, "-m", "workbench.cli", "bench", "rollout", "--artifact",
         str(rollout_artifact), "--steps", "20,50,100", "--hold", "1", "--min-outcomes", "40",
         "--tick", "0.3", "--equal-runs", "1", "--chunk", "150", "--use-stack",
         # a wide AUC margin: the twin must not be rolled back by chance in a test

@@ -22,9 +22,9 @@ from scoring.rollout.join import JoinConfig, OutcomeStore, assemble
 from scoring.rollout.records import Served
 from scoring.rollout.state import RolloutStore
 from streamrank import clock, keys
-from streamrank.cli.main import main
 from tests.conftest import StackInfo
 from tests.integration.support.scoring import publish
+from workbench.cli.main import main
 
 pytestmark = [
     pytest.mark.timeout(120),

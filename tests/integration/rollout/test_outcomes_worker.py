@@ -23,8 +23,8 @@ from scoring.rollout.online import Window, read_stats
 from scoring.rollout.stats import SCALARS_FLOAT, ranks_by_score, stats_of_requests
 from scoring.rollout.worker import OutcomesWorker
 from streamrank import clock
+from streamrank.kafka.topics import create_topics
 from streamrank.settings import Settings
-from streamrank.topics import create_topics
 from tests.integration.support.scoring import (
     item_ids,
     publish,

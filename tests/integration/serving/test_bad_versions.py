@@ -18,10 +18,10 @@ from safetensors.torch import save as st_save
 from scoring.client import RankClient
 from scoring.model.din import TABLE_PREFIX
 from streamrank import keys
-from streamrank.devstack.stack import private_redis
+from streamrank.kafka.topics import create_topics
 from streamrank.settings import Settings
-from streamrank.topics import create_topics
 from tests.integration.support.scoring import item_ids, publish, running_worker, wait_for
+from workbench.devstack.servers import private_redis
 
 pytestmark = [
     pytest.mark.timeout(180),

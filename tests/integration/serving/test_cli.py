@@ -18,13 +18,13 @@ from aiokafka import AIOKafkaProducer
 
 from schemas import RankResult
 from scoring.client import RankClient, RankTimeout
-from streamrank.devstack.stack import free_port
 from streamrank.errors import KafkaUnavailable
-from streamrank.redis_client import redis_client
+from streamrank.kafka.topics import create_topics
+from streamrank.redis.client import redis_client
 from streamrank.settings import Settings
-from streamrank.topics import create_topics
 from tests.integration.support.features import get_json
 from tests.integration.support.scoring import item_ids, publish, train_tiny_artifact, wait_for
+from workbench.devstack.services import free_port
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -66,12 +66,12 @@ async def test_worker_command_rank_command_and_metrics(
     env["STREAMRANK_CANARY_SPLIT"] = f"{version}:1"  # leaves the shared active pointer alone
     port = free_port()
     worker = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "streamrank.cli", "worker", "scoring", "--metrics-port", str(port),
+        sys.executable, "-m", "workbench.cli", "worker", "scoring", "--metrics-port", str(port),
         env=env,
     )  # fmt: skip
     try:
         rank = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "streamrank.cli", "rank", "--user", "cli-user",
+            sys.executable, "-m", "workbench.cli", "rank", "--user", "cli-user",
             "--items", ",".join(items), "--json", "--timeout", "60",
             env=env, stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip

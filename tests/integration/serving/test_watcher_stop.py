@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from scoring.serving.metrics import ScoringMetrics
 from scoring.serving.watcher import VersionWatcher
-from streamrank.redis_client import redis_client
+from streamrank.redis.client import redis_client
 from streamrank.settings import Settings
 
 

@@ -21,9 +21,8 @@ from scoring.model.versions import set_split
 from scoring.serving import replies
 from scoring.serving.served_log import rescore
 from streamrank import keys
-from streamrank.devstack.stack import private_redis
+from streamrank.kafka.topics import create_topics
 from streamrank.settings import Settings
-from streamrank.topics import create_topics
 from tests.integration.support.scoring import (
     committed_total,
     item_ids,
@@ -34,6 +33,7 @@ from tests.integration.support.scoring import (
     wait_for,
     write_sequence,
 )
+from workbench.devstack.servers import private_redis
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -10,10 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from streamrank.devstack.processes import start_worker
-from streamrank.devstack.stack import RedisServer, free_port
-from streamrank.devstack.stack import private_redis as stack_private_redis
-from streamrank.redis_client import redis_client
+from streamrank.redis.client import redis_client
 from streamrank.settings import Settings
 from streams.reader import FeatureReader
 from tests.integration.support.features import (
@@ -25,6 +22,10 @@ from tests.integration.support.features import (
     scrape,
     sequence_members,
 )
+from workbench.devstack.processes import start_worker
+from workbench.devstack.servers import RedisServer
+from workbench.devstack.servers import private_redis as stack_private_redis
+from workbench.devstack.services import free_port
 
 
 @pytest.fixture

@@ -16,9 +16,7 @@ from pydantic import SecretStr
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from streamrank.devstack.processes import WorkerProcess, start_worker
-from streamrank.devstack.stack import private_redis
-from streamrank.redis_client import redis_client
+from streamrank.redis.client import redis_client
 from streamrank.settings import Settings
 from streams.classify import Record
 from streams.metrics import FeatureMetrics
@@ -26,6 +24,8 @@ from streams.processor import FeatureProcessor
 from streams.reader import FeatureReader
 from tests.integration.support.faults import ReplyDroppingProxy, wait_replicated
 from tests.integration.support.features import click, poll, produce, sequence_members
+from workbench.devstack.processes import WorkerProcess, start_worker
+from workbench.devstack.servers import private_redis
 
 pytestmark = [
     pytest.mark.timeout(240),

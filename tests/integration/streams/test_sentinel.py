@@ -13,13 +13,13 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
-from streamrank.devstack.sentinel import LocalSentinel
-from streamrank.redis_client import redis_client
+from streamrank.redis.client import redis_client
 from streamrank.settings import Settings
 from streams.classify import Record
 from streams.metrics import FeatureMetrics
 from streams.processor import FeatureProcessor
 from streams.reader import FeatureReader
+from workbench.devstack.sentinel import LocalSentinel
 
 pytestmark = [
     pytest.mark.timeout(240),

@@ -12,7 +12,7 @@ import pytest
 
 from schemas import ClickEvent
 from streamrank import keys
-from streamrank.redis_client import on_each_server, slot_grouping, slot_of_tag
+from streamrank.redis.client import on_each_server, slot_grouping, slot_of_tag
 from streamrank.settings import Settings
 from streams.reader import FeatureReader, SequenceEvent
 from streams.windows import windows_from_settings

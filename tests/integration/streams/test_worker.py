@@ -14,9 +14,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from streamrank.devstack.processes import start_worker
-from streamrank.devstack.stack import free_port
-from streamrank.redis_client import redis_client
+from streamrank.redis.client import redis_client
 from streamrank.settings import Settings
 from streams.reader import FeatureReader
 from tests.integration.support.features import (
@@ -30,6 +28,8 @@ from tests.integration.support.features import (
     scrape,
     sequence_members,
 )
+from workbench.devstack.processes import start_worker
+from workbench.devstack.services import free_port
 
 
 async def topic_ends(settings: Settings) -> dict[int, int]:
@@ -57,7 +57,7 @@ async def topic_ends(settings: Settings) -> dict[int, int]:
 def watch_lag(settings: Settings, refreshes: int) -> list[dict]:  # type: ignore[type-arg]
     """`streamrank lag features --watch 0.5 --json`: that many refreshes, then Ctrl-C."""
     watch = subprocess.Popen(
-        [sys.executable, "-m", "streamrank.cli", "lag", "features", "--watch", "0.5", "--json"],
+        [sys.executable, "-m", "workbench.cli", "lag", "features", "--watch", "0.5", "--json"],
         stdout=subprocess.PIPE, env={**os.environ, **settings.as_env()}, text=True,
     )  # fmt: skip
     assert watch.stdout is not None
@@ -85,7 +85,7 @@ async def assert_operable(settings: Settings, port: int) -> None:
     assert metric(samples, "streamrank_features_commits_total", result="ok") >= 1
     shown = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "streamrank.cli", "lag", "features", "--json"],
+        [sys.executable, "-m", "workbench.cli", "lag", "features", "--json"],
         capture_output=True,
         env={**os.environ, **settings.as_env()},
         check=True,
@@ -98,7 +98,7 @@ async def assert_operable(settings: Settings, port: int) -> None:
     assert {row["owner"] for row in info["partitions"]} == {member["member"]}
     text = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "streamrank.cli", "lag", "features"],
+        [sys.executable, "-m", "workbench.cli", "lag", "features"],
         capture_output=True,
         text=True,
         env={**os.environ, **settings.as_env(), "COLUMNS": "200"},
@@ -163,7 +163,7 @@ async def test_worker_applies_forwards_and_dead_letters(
         if path == "batch":  # the CLI view of one user
             shown = await asyncio.to_thread(
                 subprocess.run,
-                [sys.executable, "-m", "streamrank.cli", "features", "--user", users[3], "--json"],
+                [sys.executable, "-m", "workbench.cli", "features", "--user", users[3], "--json"],
                 capture_output=True,
                 env={**os.environ, **settings.as_env()},
                 check=True,

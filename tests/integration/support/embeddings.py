@@ -8,7 +8,7 @@ import numpy as np
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
-from streamrank.redis_client import is_cluster, on_each_server
+from streamrank.redis.client import is_cluster, on_each_server
 
 
 class RoundTrips:

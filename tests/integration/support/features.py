@@ -15,8 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from schemas import DeadLetter, decode_dead_letter
 from streamrank import keys
-from streamrank.redis_client import redis_client
-from streamrank.redis_pipeline import NodePipeline
+from streamrank.redis.client import redis_client
+from streamrank.redis.pipeline import NodePipeline
 from streamrank.settings import Settings
 
 

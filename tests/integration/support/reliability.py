@@ -17,19 +17,19 @@ import orjson
 import redis.asyncio as aioredis
 
 from streamrank import keys
-from streamrank.bench.drive import Run, load_run, per_user
-from streamrank.devstack.processes import (
+from streamrank.kafka.topics import create_topics
+from streamrank.redis.client import redis_client
+from streamrank.settings import Settings
+from streams.reader import FeatureReader
+from tests.integration.support.scoring import item_ids, publish
+from workbench.bench.drive import Run, load_run, per_user
+from workbench.devstack.processes import (
     ChildProcess,
     WorkerProcess,
     start_command,
     start_worker,
 )
-from streamrank.devstack.stack import RedisServer
-from streamrank.redis_client import redis_client
-from streamrank.settings import Settings
-from streamrank.topics import create_topics
-from streams.reader import FeatureReader
-from tests.integration.support.scoring import item_ids, publish
+from workbench.devstack.servers import RedisServer
 
 
 def now_ms() -> int:
@@ -160,7 +160,7 @@ def rig(
 
 
 def _free_port() -> int:
-    from streamrank.devstack.stack import free_port
+    from workbench.devstack.services import free_port
 
     return free_port()
 

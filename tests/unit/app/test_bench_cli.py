@@ -7,7 +7,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from streamrank.cli.bench import BENCHMARKS, bench_parser, write_result
+from workbench.cli.bench import BENCHMARKS, bench_parser, write_result
 
 
 @pytest.mark.parametrize("name", sorted(BENCHMARKS))

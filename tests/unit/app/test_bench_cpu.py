@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from streamrank.bench.cpu import (
+from workbench.bench.cpu import (
     RedisUsage,
     host_busy_seconds,
     parse_usage,

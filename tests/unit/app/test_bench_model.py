@@ -9,9 +9,9 @@ import orjson
 import pytest
 
 from scoring.model.artifact import CANDIDATES_FILE, load_artifact
-from streamrank.cli.main import main
-from streamrank.devstack.cases import load_cases, offline_scores, quality
 from tests.unit.model.test_artifact import make_artifact
+from workbench.cli.main import main
+from workbench.devstack.cases import load_cases, offline_scores, quality
 
 
 def _with_test_users(root: Path) -> Path:

@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from streamrank.bench.profile import classify, run, summarise
+from workbench.bench.profile import classify, run, summarise
 
 OURS = ("scoring", "streams", "schemas", "streamrank")
 LOOP = "_run_module_as_main (<frozen runpy>:198);BaseEventLoop._run_once (asyncio/base_events.py:1922)"  # fmt: skip
 RAW = [
     f"{LOOP};RankService._rank_live (scoring/serving/service.py:196);forward (scoring/serving/service.py:81);DinScorer.score (scoring/model/din.py:345);DinScorer._logits (scoring/model/din.py:301) 60\n",
     f"{LOOP};FeatureReader.get_sequences (streams/reader.py:86);parse_member (streams/reader.py:57) 10\n",
-    f"{LOOP};NodePipeline.execute (streamrank/redis_pipeline.py:143);Pipeline.execute (redis/asyncio/client.py:2262) 8\n",
+    f"{LOOP};NodePipeline.execute (streamrank/redis/pipeline.py:143);Pipeline.execute (redis/asyncio/client.py:2262) 8\n",
     f"{LOOP};EpollSelector.select (selectors.py:468) 6\n",
     f"{LOOP};decode_request (schemas/decode.py:80);loads (json/__init__.py:346) 4\n",
-    "_run_module_as_main (<frozen runpy>:198);<module> (streamrank/cli/__main__.py:5);_find_and_load (<frozen importlib._bootstrap>:1176) 12\n",
+    "_run_module_as_main (<frozen runpy>:198);<module> (workbench/cli/__main__.py:5);_find_and_load (<frozen importlib._bootstrap>:1176) 12\n",
     f"{LOOP};Fetcher._fetch (aiokafka/consumer/fetcher.py:400);PyObject_Call (libpython3.11.so) 2\n",
     "garbage line without a count\n",
     "\n",

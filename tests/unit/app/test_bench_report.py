@@ -11,9 +11,9 @@ from typing import Any
 import orjson
 import pytest
 
-from streamrank.bench import report, report_series
-from streamrank.cli.main import main
 from streamrank.errors import ConfigError
+from workbench.bench import report, report_series
+from workbench.cli.main import main
 
 # docs/benchmarks.md, "Scoring worker", the quiet-machine run of 2026-11-29 (trimmed to the
 # keys the report reads, plus the worker's other keys left as they were).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from streamrank.bench.rollout_sim import simulate_rollouts
+from workbench.bench.rollout_sim import simulate_rollouts
 
 
 def test_simulated_rollouts_roll_back_a_random_ranker_and_promote_an_equal_one() -> None:

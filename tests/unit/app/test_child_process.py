@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from streamrank.devstack.processes import start_child
 from streamrank.errors import StreamrankError
+from workbench.devstack.processes import start_child
 
 
 def test_an_earlier_runs_ready_line_does_not_pass_for_this_childs(tmp_path: Path) -> None:
@@ -38,8 +38,8 @@ def test_a_ready_line_this_child_writes_is_found(tmp_path: Path) -> None:
 
 
 def test_a_worker_process_keeps_where_its_log_starts(tmp_path: Path) -> None:
-    from streamrank.devstack.processes import start_worker
     from streamrank.settings import Settings
+    from workbench.devstack.processes import start_worker
 
     log = tmp_path / "scoring-worker.log"
     log.write_text("scoring worker consuming rank-requests (the last run)\n")

@@ -1,5 +1,5 @@
 """One Ctrl-C ends a command even when its first cancellation is lost (what asyncio.wait_for
-does on Python 3.11 when the cancellation lands as a Redis reply completes: streamrank.tasks)."""
+does on Python 3.11 when the cancellation lands as a Redis reply completes: streamrank.runtime.tasks)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from streamrank.cli.common import run_async
+from workbench.cli.common import run_async
 
 
 def test_one_ctrl_c_ends_a_command_that_loses_its_first_cancellation() -> None:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from streamrank.cli.main import main
+from workbench.cli.main import main
 
 
 @pytest.fixture

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from streamrank.cli.main import build_parser
-from streamrank.metrics_http import DEFAULT_PORTS
+from streamrank.runtime.metrics_http import DEFAULT_PORTS
 from streamrank.settings import Settings
+from workbench.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[3]
 DEPLOY_FILES = sorted(
@@ -243,3 +243,11 @@ def test_keda_scaled_objects_scale_each_worker_on_its_group_lag_up_to_the_partit
 def test_every_kubernetes_object_is_checked_by_a_schema() -> None:
     kinds = {d["apiVersion"] for _p, d in k8s_docs()}
     assert kinds <= {*BUILT_IN, "keda.sh/v1alpha1", "kustomize.config.k8s.io/v1beta1"}, kinds
+
+
+def test_the_image_carries_every_package_and_only_the_runtime_dependencies() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    copied = {line.split()[1] for line in dockerfile.splitlines() if line.startswith("COPY ")}
+    assert {"streamrank", "schemas", "streams", "scoring", "workbench"} <= copied
+    installs = [line for line in dockerfile.splitlines() if "pip install ." in line]
+    assert installs and all("[" not in line for line in installs), installs

@@ -1,7 +1,7 @@
 from pathlib import Path
 
-from streamrank.cli.docs import render_readme
 from streamrank.settings import Settings
+from workbench.cli.docs import render_readme
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 

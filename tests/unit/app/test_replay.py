@@ -10,16 +10,16 @@ import pytest
 
 from scoring.embeddings.codec import roundtrip
 from scoring.model.artifact import load_artifact
-from streamrank.devstack.cases import (
+from streamrank.errors import StreamrankError
+from tests.unit.model.test_artifact import make_artifact
+from workbench.devstack.cases import (
     Case,
     click_events,
     expected_sequences,
     load_cases,
     offline_scores,
 )
-from streamrank.errors import StreamrankError
-from streamrank.replay import differences
-from tests.unit.model.test_artifact import make_artifact
+from workbench.replay import differences
 
 
 def _case(user: str, history: list[tuple[str, str, int]], items: list[str]) -> Case:

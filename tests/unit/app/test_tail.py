@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import orjson
 import pytest
 
-from streamrank.kafka_guard import UndecodableBatch
+from streamrank.kafka.guard import UndecodableBatch
 from streamrank.settings import Settings
-from streamrank.tail import (
+from workbench.tail import (
     Filters,
     Message,
     Start,

@@ -8,8 +8,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from scoring.embeddings.metrics import EmbeddingCacheMetrics
 from scoring.serving.metrics import ScoringMetrics
-from streamrank.top import Scrape, figures, parse, quantile, render
 from streams.metrics import FeatureMetrics
+from workbench.top import Scrape, figures, parse, quantile, render
 
 
 def test_quantile_interpolates_within_buckets_like_prometheus() -> None:

@@ -10,8 +10,8 @@ from typing import Any
 import orjson
 from prometheus_client import CollectorRegistry, Counter
 
-from streamrank.health import Health, ping, watch
-from streamrank.metrics_http import wsgi_app
+from streamrank.runtime.health import Health, ping, watch
+from streamrank.runtime.metrics_http import wsgi_app
 
 
 def get(app: Any, path: str) -> tuple[str, Any]:

@@ -14,8 +14,8 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import TopicPartition
 
-from streamrank import kafka_guard
-from streamrank.kafka_guard import REFETCHES, UndecodableBatch, is_undecodable
+from streamrank.kafka import guard as kafka_guard
+from streamrank.kafka.guard import REFETCHES, UndecodableBatch, is_undecodable
 
 TP = TopicPartition("clicks", 3)
 CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}

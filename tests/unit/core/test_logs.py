@@ -7,7 +7,7 @@ import logging
 
 import orjson
 
-from streamrank import logs
+from streamrank.runtime import logs
 
 
 def emit(log_format: str, **extra: object) -> str:

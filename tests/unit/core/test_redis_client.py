@@ -22,8 +22,8 @@ from redis.exceptions import (
 )
 
 from streamrank.errors import RedisUnavailable
-from streamrank.redis_client import client_for_url, is_cluster, redis_client, url_of
-from streamrank.redis_errors import is_transient, redis_call
+from streamrank.redis.client import client_for_url, is_cluster, redis_client, url_of
+from streamrank.redis.errors import is_transient, redis_call
 from streamrank.settings import Settings
 
 

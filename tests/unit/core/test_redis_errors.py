@@ -13,7 +13,7 @@ from redis._parsers.base import BaseParser
 from redis.exceptions import ResponseError
 
 from streamrank.errors import RedisUnavailable
-from streamrank.redis_errors import is_failover_reply, is_transient, redis_call
+from streamrank.redis.errors import is_failover_reply, is_transient, redis_call
 
 READONLY = "READONLY You can't write against a read only replica."
 LOADING = "LOADING Redis is loading the dataset in memory"

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from redis.asyncio.connection import Connection
 from redis.exceptions import DataError
 
-from streamrank.redis_client import client_for_url
-from streamrank.redis_packing import (
+from streamrank.redis.client import client_for_url
+from streamrank.redis.packing import (
     HiredisPackedConnection,
     HiredisPackedSSLConnection,
     HiredisPackedUnixConnection,

@@ -10,7 +10,7 @@ import logging
 
 import pytest
 
-from streamrank.tasks import cancel_and_wait
+from streamrank.runtime.tasks import cancel_and_wait
 
 
 async def test_a_task_that_lost_its_cancellation_is_cancelled_again() -> None:
@@ -49,7 +49,7 @@ async def test_a_task_that_never_ends_is_left_with_a_warning(
 
     task = asyncio.create_task(stubborn(), name="stubborn")
     await asyncio.sleep(0)
-    with caplog.at_level(logging.WARNING, logger="streamrank.tasks"):
+    with caplog.at_level(logging.WARNING, logger="streamrank.runtime.tasks"):
         await cancel_and_wait([task], what="test worker", timeout_s=0.3, every_s=0.05)
     assert not task.done()
     assert "test worker: stubborn still running" in caplog.text and "left behind" in caplog.text
@@ -63,6 +63,6 @@ async def test_a_task_that_failed_is_logged(caplog: pytest.LogCaptureFixture) ->
 
     task = asyncio.create_task(broken(), name="broken")
     await asyncio.sleep(0)
-    with caplog.at_level(logging.WARNING, logger="streamrank.tasks"):
+    with caplog.at_level(logging.WARNING, logger="streamrank.runtime.tasks"):
         await cancel_and_wait([task], what="test worker")
     assert "task broken had failed: RuntimeError('boom')" in caplog.text

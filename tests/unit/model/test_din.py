@@ -168,8 +168,8 @@ def test_dense_weights_roundtrip_through_safetensors_bytes() -> None:
 def test_bench_model_compares_both_paths_on_the_same_requests() -> None:
     import argparse
 
-    from streamrank.bench.model import add_arguments, run
     from streamrank.settings import Settings
+    from workbench.bench.model import add_arguments, run
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

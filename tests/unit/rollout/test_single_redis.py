@@ -7,9 +7,9 @@ import pytest
 
 from scoring.rollout.join import require_single_redis
 from scoring.rollout.worker import OutcomesWorker
-from streamrank.cli.main import main
 from streamrank.errors import ConfigError
 from streamrank.settings import Settings
+from workbench.cli.main import main
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ import orjson
 from aiokafka import ConsumerRecord
 
 from schemas import Limits, decode_result
-from streamrank.bench.echo import ECHO_VERSION, echo_replies
 from streamrank.settings import Settings
+from workbench.bench.echo import ECHO_VERSION, echo_replies
 
 
 def record(value: bytes, offset: int, ts: int = 1_000) -> ConsumerRecord[Any, Any]:

@@ -2,7 +2,7 @@ import orjson
 import pytest
 
 from schemas import ClickEvent, Limits, decode_dead_letter
-from streamrank.kafka_guard import UndecodableBatch
+from streamrank.kafka.guard import UndecodableBatch
 from streams import classify as classify_module
 from streams.classify import Record, classify
 

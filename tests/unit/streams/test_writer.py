@@ -10,7 +10,7 @@ from redis.crc import key_slot
 
 from schemas import ClickEvent
 from streamrank import keys
-from streamrank.redis_client import slot_of_tag
+from streamrank.redis.client import slot_of_tag
 from streams.windows import Window
 from streams.writer import ITEM_ENTRY, USER_ENTRY, assemble
 

@@ -11,7 +11,7 @@ import pytest
 from scoring.model.artifact import CANDIDATES_FILE, load_artifact
 from scoring.training.synthetic import generate
 from scoring.training.train import TrainConfig, train_and_evaluate
-from streamrank.cli.main import main
+from workbench.cli.main import main
 
 
 def test_synthetic_generator_plants_interests() -> None:
@@ -101,7 +101,7 @@ def test_profile_training_exports_a_model_that_needs_profile_codes(tmp_path: Pat
 def test_train_refuses_an_unknown_encoding_before_training(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from streamrank.cli.main import main
+    from workbench.cli.main import main
 
     # Checked when the arguments are parsed, not after minutes of training at export time.
     with pytest.raises(SystemExit) as info:

@@ -1,2 +1,0 @@
-"""The ``streamrank`` command line: one module per command group, registered in
-:mod:`streamrank.cli.main`. The top layer: nothing below imports it."""

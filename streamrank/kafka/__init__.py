@@ -1,0 +1,1 @@
+"""Kafka: clients with our defaults, topic creation, and the fenced fetcher guard."""

@@ -1,0 +1,473 @@
+"""``streamrank bench rollout``: staged rollouts on real data, decided by online evidence.
+
+On MovieLens-100K test users (an artifact's ``test_candidates.jsonl``), through Kafka and a
+features, a scoring and an outcomes worker: each round replays every test user's history as
+clicks (user ids prefixed per round, so every round is a fresh set of users that the stable
+canary hash splits anew), sends one ranking request per user with its 21 candidates, and, after
+the reply, the user's held-out positive as a click. Meanwhile a rollout driver moves the split
+through the steps and decides from the online metrics.
+
+Scenarios, in order:
+
+1. ``bad``: the good version A is active, a bad version (A with its item rows shuffled) rolls
+   out; the guard must roll it back (``seconds_to_rollback`` from the start of the rollout).
+2. ``good``: the bad version is active (a mistake to fix), A rolls out; the guard must promote
+   it.
+3. ``equal``: A is active and an equally good version B (another training seed; default: A's
+   weights under another name) rolls out, ``--equal-runs`` times with different user prefixes
+   (seeds); every rollback is a false one.
+
+Online AUC per version is measured over every request it served in the benchmark and set
+against the offline AUC of the same version on the same test users (int8 table, as served).
+Runs on a private embedded stack (a rollout moves the serving pointers, which must never
+happen on a stack others use), unless ``--use-stack``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from streamrank.settings import Settings
+from workbench.bench.rollout_sim import say
+
+# Latency as `slower` (new against old in the same window), not an absolute budget: the bursts of
+# this benchmark on a shared machine push every version's p99 to seconds (docs/rollout.md).
+DEFAULT_GUARD = "auc:0.005,slower:250ms,degraded:1%"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--artifact", default=None,
+                        help="the good version A (default: the newest artifact under "
+                        "artifacts_dir)")  # fmt: skip
+    parser.add_argument("--equal-artifact", default=None,
+                        help="an equally good version B (e.g. another --seed of train); "
+                        "default: A's weights published under another name")  # fmt: skip
+    parser.add_argument("--users", type=int, default=None, help="test users per round (all)")
+    parser.add_argument("--steps", default="5,20,50,100")
+    parser.add_argument("--hold", type=float, default=5.0, help="seconds per step at least")
+    parser.add_argument("--min-outcomes", type=int, default=100)
+    parser.add_argument("--guard", default=DEFAULT_GUARD)
+    parser.add_argument("--tick", type=float, default=0.5, help="driver tick, seconds")
+    parser.add_argument("--equal-runs", type=int, default=5)
+    parser.add_argument("--simulated-runs", type=int, default=200,
+                        help="rollouts replayed offline through the same guard code (no Kafka) "
+                        "to measure how often it fires falsely")  # fmt: skip
+    parser.add_argument("--max-rounds", type=int, default=12,
+                        help="rounds of traffic before a rollout that has not ended is "
+                        "aborted")  # fmt: skip
+    parser.add_argument("--chunk", type=int, default=200, help="users per traffic chunk")
+    parser.add_argument("--concurrency", type=int, default=32, help="requests in flight")
+    parser.add_argument("--bucket", type=int, default=1, help="statistics bucket, seconds")
+    parser.add_argument("--use-stack", action="store_true",
+                        help="run on the configured stack (moves its serving pointers!)")  # fmt: skip
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def shuffled_version(artifact: Any, out_dir: Path, *, seed: int = 1) -> Path:
+    """A deliberately bad version: ``artifact`` with its item rows shuffled (every item gets
+    another item's vector), published under ``<version>-shuffled``."""
+    from scoring.model.artifact import derive_artifact
+
+    rng = np.random.default_rng(seed)
+    table = artifact.item_table[rng.permutation(len(artifact.item_table))]
+    return Path(
+        derive_artifact(
+            artifact,
+            out_dir,
+            version=f"{artifact.version}-shuffled",
+            item_table=table,
+            note=f"item rows shuffled (seed {seed})",
+        )
+    )
+
+
+def renamed_version(artifact: Any, out_dir: Path) -> Path:
+    """The same model under another version name (an exactly equal version)."""
+    from scoring.model.artifact import derive_artifact
+
+    return Path(
+        derive_artifact(
+            artifact,
+            out_dir,
+            version=f"{artifact.version}-twin",
+            item_table=artifact.item_table,
+            note="identical copy",
+        )
+    )
+
+
+def workers_settings(settings: Settings, *, run: str, bucket_s: int) -> Settings:
+    """Private topics and groups; pointers followed quickly; statistics in fine buckets."""
+    from workbench.devstack.cases import private_run
+
+    return settings.model_copy(
+        update={
+            **private_run(run),
+            "served_log_topic": f"{run}-served",
+            "outcomes_topic": f"{run}-outcomes",
+            "outcomes_group_id": f"{run}-outcomes",
+            "scoring_poll_s": 0.2,
+            "canary_split": None,
+            "outcome_bucket_s": bucket_s,
+            "outcome_window_s": 120,
+            "outcome_close_delay_s": 5,
+            # the bench reads Redis itself; the gauges' export over 1 s buckets (3,600 hashes per
+            # version for the 1 h window) would load Redis and the CPU it measures on
+            "outcomes_export_interval_s": 0,
+        }
+    )
+
+
+class Traffic:
+    """Rounds of test users through the stack: histories as clicks, one request each, then the
+    held-out positive as a click after the reply."""
+
+    def __init__(
+        self, *, settings: Settings, redis: Any, cases: Sequence[Any], chunk: int,
+        concurrency: int, progress: bool,
+    ) -> None:  # fmt: skip
+        self.settings = settings
+        self.redis = redis
+        self.cases = list(cases)
+        self.chunk = chunk
+        self.concurrency = concurrency
+        self.progress = progress
+        self.requests = 0
+        self.degraded = 0
+        self.unanswered = 0
+        self._producer: Any = None
+        self._client: Any = None
+
+    async def __aenter__(self) -> Traffic:
+        from scoring.client import RankClient
+        from streamrank.kafka import clients as kafka
+
+        self._producer = kafka.producer(self.settings, acks="all", linger_ms=5)
+        await self._producer.start()
+        self._client = RankClient(settings=self.settings, default_timeout_s=120.0)
+        await self._client.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._client is not None:
+            await self._client.stop()
+        if self._producer is not None:
+            await self._producer.stop()
+
+    async def _send(self, events: Sequence[Any]) -> None:
+        for start in range(0, len(events), 2000):
+            futures = [
+                await self._producer.send(
+                    self.settings.topic_clicks, e.to_json(), key=e.user_id.encode()
+                )
+                for e in events[start : start + 2000]
+            ]
+            await asyncio.gather(*futures)
+
+    async def round(self, prefix: str, *, until: asyncio.Task[Any] | None = None) -> None:
+        """All test users once under ``prefix``, in chunks; stops early once ``until`` ends."""
+        for start in range(0, len(self.cases), self.chunk):
+            if until is not None and until.done():
+                return
+            await self._chunk(prefix, start, self.cases[start : start + self.chunk])
+
+    async def _chunk(self, prefix: str, start: int, chunk: Sequence[Any]) -> None:
+        from schemas import ClickEvent
+        from scoring.client import RankRejected, RankTimeout
+        from streamrank import clock
+        from workbench.devstack.cases import click_events, expected_sequences, wait_applied
+
+        await self._send(click_events(chunk, run=prefix))
+        await wait_applied(
+            self.redis, self.settings,
+            expected_sequences(chunk, run=prefix, length=self.settings.sequence_length),
+            timeout_s=300, progress=False, log_path=None,
+        )  # fmt: skip
+        gate = asyncio.Semaphore(self.concurrency)
+
+        async def one(n: int, case: Any) -> None:
+            async with gate:
+                user = f"{prefix}-{case.user_id}"
+                try:
+                    result = await self._client.rank(
+                        user, case.items, request_id=f"{prefix}-q{start + n}"
+                    )
+                except (RankTimeout, RankRejected):
+                    self.unanswered += 1
+                    return
+                self.requests += 1
+                self.degraded += int(result.degraded)
+                click = ClickEvent(
+                    event_id=f"{prefix}-pos{start + n}",
+                    user_id=user,
+                    item_id=case.items[case.labels.index(1)],  # the held-out positive
+                    ts=clock.now_ms(),
+                )
+                await self._producer.send(
+                    self.settings.topic_clicks, click.to_json(), key=user.encode()
+                )
+
+        await asyncio.gather(*(one(n, c) for n, c in enumerate(chunk)))
+        await self._producer.flush()
+
+
+async def _set_serving(redis: Any, active: str) -> None:
+    from scoring.model.registry import activate_version
+    from scoring.model.versions import set_split
+
+    await set_split(redis, None)
+    await activate_version(redis, active)
+
+
+async def _restore_pointers(redis: Any, saved: Sequence[Any]) -> None:
+    from streamrank import keys
+
+    for key, value in zip((keys.active_model(), keys.model_split()), saved, strict=True):
+        if value is None:
+            await redis.delete(key)
+        else:
+            await redis.set(key, value)
+
+
+async def run_rollout(
+    *, redis: Any, traffic: Traffic, old: str, new: str, args: argparse.Namespace, prefix: str,
+    bucket_s: int,
+) -> dict[str, Any]:  # fmt: skip
+    """One rollout of ``new`` over ``old`` while traffic flows; returns how it ended."""
+    from prometheus_client import CollectorRegistry
+
+    from scoring.rollout.driver import RolloutDriver, control, start_rollout
+    from scoring.rollout.metrics import RolloutMetrics
+    from scoring.rollout.state import RolloutStore
+
+    await _set_serving(redis, old)
+    await asyncio.sleep(bucket_s + 0.5)  # statistics buckets of an earlier run stay behind
+    state = await start_rollout(
+        redis, new=new, steps=args.steps, hold_s=args.hold, min_outcomes=args.min_outcomes,
+        guard=args.guard, by="bench",
+    )  # fmt: skip
+    driver = RolloutDriver(
+        redis=redis, bucket_s=bucket_s, tick_s=args.tick,
+        metrics=RolloutMetrics(CollectorRegistry()),
+    )  # fmt: skip
+    task = asyncio.create_task(driver.run())
+    rounds = 0
+    while not task.done() and rounds < args.max_rounds:
+        await traffic.round(f"{prefix}r{rounds}", until=task)
+        rounds += 1
+    if not task.done():
+        await control(redis, "abort", by="bench (out of traffic rounds)")
+    final = await task
+    assert final is not None
+    history = await RolloutStore(redis=redis).history(50)
+    checks = []
+    if driver.last is not None:
+        checks = [
+            {"metric": r.check.metric, "status": r.status, **r.estimate.to_json()}
+            for r in driver.last.results
+        ]
+    say(f"{new} over {old}: {final.status} after {(final.updated_ms - state.started_ms) / 1000:.1f}s "
+        f"({rounds} rounds): {final.reason}")  # fmt: skip
+    return {
+        "status": final.status,
+        "seconds": round((final.updated_ms - state.started_ms) / 1000, 2),
+        "rounds": rounds,
+        "reason": final.reason,
+        "last_checks": checks,
+        "history": [
+            {k: h[k] for k in ("action", "share", "reason")}
+            | {"at_s": round((h["at_ms"] - state.started_ms) / 1000, 2)}
+            for h in history
+        ],
+    }
+
+
+def _auc_entry(summary: Any, offline: float) -> dict[str, Any]:
+    online = summary.auc.to_json()
+    lo, hi = summary.auc.lo, summary.auc.hi
+    return {
+        "online_auc": online,
+        "offline_auc": round(offline, 6),
+        "offline_within_online_interval": bool(
+            lo is not None and hi is not None and lo <= offline <= hi
+        ),
+        "online_requests": summary.requests,
+    }
+
+
+async def _bench(settings: Settings, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    from scoring.model.artifact import CANDIDATES_FILE, load_artifact
+    from scoring.rollout.online import Window, read_summaries
+    from streamrank import clock, keys
+    from streamrank.kafka.topics import create_topics
+    from streamrank.redis.client import redis_client
+    from workbench.bench.rollout_sim import simulations
+    from workbench.devstack.cases import load_cases, newest_artifact, offline_scores, quality
+    from workbench.devstack.pipeline import ensure_published
+    from workbench.devstack.processes import start_worker
+
+    started = time.perf_counter()
+    good = load_artifact(
+        Path(args.artifact) if args.artifact else newest_artifact(settings.artifacts_dir)
+    )
+    cases = load_cases(good.path / CANDIDATES_FILE, limit=args.users)
+    bad = load_artifact(shuffled_version(good, work / "artifacts"))
+    equal = load_artifact(
+        Path(args.equal_artifact)
+        if args.equal_artifact
+        else renamed_version(good, work / "artifacts")
+    )
+    run = f"rollout-{uuid.uuid4().hex[:6]}"
+    rs = workers_settings(settings, run=run, bucket_s=args.bucket)
+    history_len = int(good.config.get("train", {}).get("history_len", rs.sequence_length))
+    rs = rs.model_copy(update={"sequence_length": history_len})
+    labels = np.array([c.labels for c in cases])
+    scores = {
+        a.version: offline_scores(a, cases, encoding="int8", max_history=history_len)
+        for a in (good, bad, equal)
+    }
+    offline = {v: quality(labels, x) for v, x in scores.items()}
+    say(f"{len(cases)} test users per round; offline AUC {offline}")
+    redis = redis_client(rs, timeout_s=10.0)
+    workers = []
+    before = await redis.mget([keys.active_model(), keys.model_split()])
+    try:
+        for artifact in (good, bad, equal):
+            await ensure_published(redis, artifact, encoding="int8", progress=False)
+        await _set_serving(redis, good.version)
+        await create_topics(rs)  # the served log and outcomes topics too
+        logs = work / "logs"
+        for kind in ("features", "scoring", "outcomes"):
+            workers.append(start_worker(kind, rs, log_path=logs / f"{kind}.log"))
+        say(f"waiting for the workers (logs in {logs})")
+        await asyncio.gather(*(asyncio.to_thread(w.wait_ready, 240) for w in workers))
+        bench_start = clock.now_ms()
+        report: dict[str, Any] = {}
+        async with Traffic(
+            settings=rs, redis=redis, cases=cases, chunk=args.chunk,
+            concurrency=args.concurrency, progress=not args.no_progress,
+        ) as traffic:  # fmt: skip
+            say(f"bad: rolling {bad.version} out over {good.version}")
+            bad_run = await run_rollout(
+                redis=redis, traffic=traffic, old=good.version, new=bad.version, args=args,
+                prefix=f"{run}-bad-", bucket_s=args.bucket,
+            )  # fmt: skip
+            say(f"good: rolling {good.version} out over {bad.version}")
+            good_run = await run_rollout(
+                redis=redis, traffic=traffic, old=bad.version, new=good.version, args=args,
+                prefix=f"{run}-good-", bucket_s=args.bucket,
+            )  # fmt: skip
+            await asyncio.sleep(3)  # the last clicks of the scenario are joined
+            window = Window(bench_start, clock.now_ms(), args.bucket)
+            online = await read_summaries(redis, [good.version, bad.version], window)
+            report["good"] = {
+                "version": good.version,
+                "promoted": good_run["status"] == "promoted",
+                **_auc_entry(online[good.version], offline[good.version]["auc"]),
+                "seconds_to_promote": good_run["seconds"]
+                if good_run["status"] == "promoted"
+                else None,
+                "rollout": good_run,
+            }
+            report["bad"] = {
+                "version": bad.version,
+                "rolled_back": bad_run["status"] == "rolled_back",
+                **_auc_entry(online[bad.version], offline[bad.version]["auc"]),
+                "seconds_to_rollback": bad_run["seconds"]
+                if bad_run["status"] == "rolled_back"
+                else None,
+                "rollout": bad_run,
+            }
+            equal_runs = []
+            eq_start = clock.now_ms()
+            for seed in range(args.equal_runs):
+                say(f"equal {seed + 1}/{args.equal_runs}: {equal.version} over {good.version}")
+                one_run = await run_rollout(
+                    redis=redis, traffic=traffic, old=good.version, new=equal.version,
+                    args=args, prefix=f"{run}-eq{seed}-", bucket_s=args.bucket,
+                )  # fmt: skip
+                equal_runs.append(one_run)
+            await asyncio.sleep(3)
+            eq_online = await read_summaries(
+                redis, [good.version, equal.version], Window(eq_start, clock.now_ms(), args.bucket)
+            )
+            report["equal"] = {
+                "versions": [good.version, equal.version],
+                "runs": len(equal_runs),
+                "false_rollbacks": sum(r["status"] == "rolled_back" for r in equal_runs),
+                "promoted": sum(r["status"] == "promoted" for r in equal_runs),
+                "offline_auc": {v: offline[v]["auc"] for v in (good.version, equal.version)},
+                "online_auc": {
+                    v: eq_online[v].auc.to_json() for v in (good.version, equal.version)
+                },
+                "seconds_to_promote": [r["seconds"] for r in equal_runs],
+                "runs_detail": equal_runs,
+            }
+            report["traffic"] = {
+                "requests": traffic.requests,
+                "degraded": traffic.degraded,
+                "unanswered": traffic.unanswered,
+            }
+    finally:
+        codes = await asyncio.gather(*(asyncio.to_thread(w.stop) for w in workers))
+        if any(codes):
+            say(f"worker exit codes {codes}; logs in {work / 'logs'}")
+        await _restore_pointers(redis, before)  # a configured stack serves as it did
+        await redis.aclose()
+    report["simulated"] = simulations(args, cases, scores, good, bad, equal)
+    report["config"] = {
+        "users_per_round": len(cases),
+        "candidates_per_user": len(cases[0].items),
+        "steps": args.steps,
+        "hold_s": args.hold,
+        "min_outcomes": args.min_outcomes,
+        "guard": args.guard,
+        "tick_s": args.tick,
+        "bucket_s": args.bucket,
+        "confidence": 0.95,
+    }
+    report["offline"] = offline
+    report["seconds_total"] = round(time.perf_counter() - started, 1)
+    return report
+
+
+def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
+    import tempfile
+
+    from workbench.devstack.services import free_port
+    from workbench.devstack.stack import EmbeddedStack
+
+    work = Path(tempfile.mkdtemp(prefix="bench-rollout-", dir=Path(settings.run_dir).resolve()
+                                 if Path(settings.run_dir).exists() else None))  # fmt: skip
+    if args.use_stack:
+        report = asyncio.run(_bench(settings, args, work))
+        report["stack"] = "configured"
+        return report
+    stack = EmbeddedStack(run_dir=work / "stack", kafka_port=free_port(), redis_port=free_port())
+    say(
+        f"private embedded stack (kafka {stack.bootstrap}, redis {stack.redis_url}); work in {work}"
+    )
+    stack.up(timeout_s=60)
+    try:
+        from pydantic import SecretStr
+
+        private = settings.model_copy(
+            update={
+                "kafka_bootstrap": stack.bootstrap,
+                "redis_url": SecretStr(stack.redis_url),
+                "run_dir": work,
+            }
+        )
+        report = asyncio.run(_bench(private, args, work))
+        report["stack"] = "private embedded"
+        return report
+    finally:
+        stack.down()

@@ -1,0 +1,434 @@
+"""``streamrank bench streams``: feature worker throughput and click-to-visible latency.
+
+One run, on the configured stack (or a private embedded one started on free ports when the
+configured one does not answer):
+
+1. produce ``--events`` clicks over ``--users`` Zipf-skewed users to a fresh topic;
+2. ``raw_consume_per_s``: a plain aiokafka consumer reads and decodes that topic (the ceiling);
+3. ``events_per_s``: one ``streamrank worker features`` process drains the same backlog into
+   Redis (rate between its first and last applied event, from its /metrics), with its CPU time
+   per event, the Redis servers' (``redis_cpu_us_per_event``; the script calls and the
+   commands inside them, by command) and the host's busy cores meanwhile
+   (``host_busy_cores``: on a small host the worker, Redis and the broker share the cores);
+4. latency: clicks offered at ``--rate`` per second for ``--latency-seconds``; every
+   ``--probe-every``-th click goes to a probe user of its own, and a poller records when it
+   becomes visible in that user's sequence in Redis (``latency_p50_ms`` / ``latency_p99_ms``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from tqdm import tqdm
+
+from schemas import Limits, decode_click
+from streamrank import clock, keys
+from streamrank.redis.client import redis_client, used_memory
+from streamrank.settings import Settings
+from workbench.bench import compare
+from workbench.bench.cpu import (
+    host_busy_seconds,
+    process_cpu_seconds,
+    redis_usage,
+    redis_usage_per_event,
+)
+
+logger = logging.getLogger(__name__)
+
+CATEGORIES = ("action", "comedy", "drama", "horror", "romance", "sci-fi", "thriller")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--events", type=int, default=200_000, help="clicks in the backlog")
+    parser.add_argument("--users", type=int, default=10_000, help="distinct users")
+    parser.add_argument("--items", type=int, default=20_000, help="distinct items")
+    parser.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of users/items")
+    parser.add_argument("--rate", type=float, default=5000.0, help="offered clicks/s (latency)")
+    parser.add_argument("--latency-seconds", type=float, default=10.0, help="latency phase length")
+    parser.add_argument("--probe-every", type=int, default=25, help="1 probe per N clicks")
+    parser.add_argument("--path", choices=("batch", "agent"), default=None, help="features_path")
+    parser.add_argument("--batch-size", type=int, default=None, help="features_batch_size")
+    parser.add_argument("--seed", type=int, default=7)
+    compare.add_arguments(parser)
+
+
+def zipf_choice(rng: np.random.Generator, n: int, size: int, s: float) -> np.ndarray:
+    """``size`` draws from ranks 0..n-1 with P(rank k) proportional to 1 / (k + 1) ** s."""
+    weights = 1.0 / np.arange(1, n + 1, dtype=np.float64) ** s
+    return rng.choice(n, size=size, p=weights / weights.sum())
+
+
+def make_clicks(
+    run: str, n: int, *, users: int, items: int, s: float, seed: int, start_ms: int
+) -> list[tuple[bytes, bytes]]:
+    """(key, value) of ``n`` Zipf-skewed clicks, event time increasing by 1 ms."""
+    rng = np.random.default_rng(seed)
+    user_ix = zipf_choice(rng, users, n, s)
+    item_ix = zipf_choice(rng, items, n, s)
+    out = []
+    for i, (u, it) in enumerate(zip(user_ix.tolist(), item_ix.tolist(), strict=True)):
+        user = f"{run}-u{u}"
+        value = orjson.dumps(
+            {
+                "event_id": f"{run}-{seed}-{i:09d}",
+                "user_id": user,
+                "item_id": f"{run}-i{it}",
+                "category": CATEGORIES[it % len(CATEGORIES)],
+                "ts": start_ms + i,
+            }
+        )
+        out.append((user.encode(), value))
+    return out
+
+
+async def produce_all(settings: Settings, topic: str, messages: list[tuple[bytes, bytes]]) -> float:
+    producer = AIOKafkaProducer(
+        **settings.kafka_client_kwargs(), acks="all", linger_ms=20, max_batch_size=512 * 1024
+    )
+    await producer.start()
+    started = time.perf_counter()
+    try:
+        futures = []
+        for key, value in tqdm(messages, desc="produce", unit="ev", mininterval=1.0):
+            futures.append(await producer.send(topic, value, key=key))
+            if len(futures) >= 20_000:
+                await asyncio.gather(*futures)
+                futures.clear()
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+    return time.perf_counter() - started
+
+
+async def raw_consume(settings: Settings, topic: str, expected: int) -> float:
+    """Events/s of a plain aiokafka consumer reading and decoding ``topic`` from the start."""
+    limits = Limits.from_settings(settings)
+    consumer = AIOKafkaConsumer(
+        topic,
+        **settings.kafka_client_kwargs(),
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=4 * 1024 * 1024,
+        fetch_max_bytes=16 * 1024 * 1024,
+    )
+    await consumer.start()
+    seen = 0
+    started = None
+    try:
+        deadline = time.monotonic() + 300
+        while seen < expected and time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=1000, max_records=10_000)
+            if batch and started is None:
+                started = time.perf_counter()
+            for records in batch.values():
+                for record in records:
+                    decode_click(record.value, limits)
+                seen += len(records)
+        elapsed = time.perf_counter() - (started or time.perf_counter())
+    finally:
+        await consumer.stop()
+    if seen < expected:
+        raise RuntimeError(f"raw consumer read {seen} of {expected} events")
+    return seen / max(elapsed, 1e-9)
+
+
+def _samples(port: int) -> dict[str, float]:
+    """The worker's /metrics samples without labels, by name."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.labels or set(sample.labels) == {"le"}:
+                key = sample.name + (f"{{le={sample.labels['le']}}}" if sample.labels else "")
+                out[key] = float(sample.value)
+    return out
+
+
+def _applied(port: int) -> float:
+    """Events the worker has processed: applied, plus any that a retried batch (after a
+    timed-out reply) found already applied."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in (
+                "streamrank_features_events_applied_total",
+                "streamrank_features_events_duplicate_total",
+            ):
+                total += float(sample.value)
+    return total
+
+
+async def measure_drain(pid: int, port: int, expected: int) -> dict[str, float]:
+    """Poll the worker's applied counter until ``expected``; rate from first to last change."""
+    first_t = first_n = None
+    cpu0 = host0 = None
+    last_n, last_t = 0.0, time.perf_counter()
+    deadline = time.monotonic() + 900
+    bar = tqdm(total=expected, desc="worker", unit="ev", mininterval=1.0)
+    while time.monotonic() < deadline:
+        n = await asyncio.to_thread(_applied, port)
+        now = time.perf_counter()
+        if n > 0 and first_t is None:
+            first_t, first_n = now, n
+            cpu0, host0 = process_cpu_seconds(pid), host_busy_seconds()
+        bar.update(int(n - last_n))
+        last_n, last_t = n, now
+        if n >= expected:
+            break
+        await asyncio.sleep(0.1)
+    bar.close()
+    if first_t is None or last_n < expected:
+        raise RuntimeError(f"worker applied {last_n} of {expected} events")
+    cpu = process_cpu_seconds(pid) - (cpu0 or 0.0)
+    host = host_busy_seconds() - (host0 or 0.0)
+    applied = last_n - (first_n or 0.0)
+    elapsed = max(last_t - first_t, 1e-9)
+    return {
+        "events_per_s": applied / elapsed,
+        "worker_cpu_us_per_event": cpu / max(applied, 1) * 1e6,
+        "host_busy_cores": host / elapsed,
+    }
+
+
+async def measure_latency(
+    settings: Settings, topic: str, run: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Offer clicks at ``args.rate``; time probes from send to visible in their sequence."""
+    background = make_clicks(
+        run,
+        int(args.rate * args.latency_seconds),
+        users=args.users,
+        items=args.items,
+        s=args.zipf,
+        seed=args.seed + 1,
+        start_ms=clock.now_ms(),
+    )
+    producer = AIOKafkaProducer(**settings.kafka_client_kwargs(), acks=1, linger_ms=0)
+    client = redis_client(settings, timeout_s=5)
+    await producer.start()
+    pending: dict[int, tuple[str, str, float]] = {}
+    latencies: list[float] = []
+    done = asyncio.Event()
+
+    async def poller() -> None:
+        while not (done.is_set() and not pending):
+            if pending:
+                items = list(pending.items())
+                pipe = client.pipeline(transaction=False)
+                for _k, (seq_key, member, _t) in items:
+                    pipe.zscore(seq_key, member)
+                replies = await pipe.execute()
+                now = time.perf_counter()
+                for (k, (_s, _m, sent)), score in zip(items, replies, strict=True):
+                    if score is not None:
+                        latencies.append((now - sent) * 1000)
+                        del pending[k]
+            await asyncio.sleep(0.001)
+
+    poll_task = asyncio.create_task(poller())
+    tick = 0.01
+    per_tick = args.rate * tick
+    started = time.perf_counter()
+    sent = 0
+    probes = 0
+    try:
+        while sent < len(background):
+            due = int((time.perf_counter() - started) / tick * per_tick) + 1
+            while sent < min(due, len(background)):
+                if sent % args.probe_every == 0:
+                    user = f"{run}-probe-{probes}"
+                    event_id = f"{run}-probe-{probes:07d}"
+                    now_ms = clock.now_ms()
+                    value = orjson.dumps(
+                        {"event_id": event_id, "user_id": user, "item_id": "p", "ts": now_ms}
+                    )
+                    pending[probes] = (
+                        keys.sequence(user),
+                        keys.sequence_member(event_id, "p", None),
+                        time.perf_counter(),
+                    )
+                    await producer.send(topic, value, key=user.encode())
+                    probes += 1
+                key, value = background[sent]
+                await producer.send(topic, value, key=key)
+                sent += 1
+            await asyncio.sleep(tick / 2)
+        offered_s = time.perf_counter() - started
+        await producer.flush()
+        done.set()
+        await asyncio.wait_for(poll_task, 60)
+    finally:
+        done.set()
+        poll_task.cancel()
+        with contextlib.suppress(BaseException):
+            await poll_task
+        await producer.stop()
+        await client.aclose()
+    arr = np.array(latencies)
+    return {
+        "latency_offered_rate": round((sent + probes) / offered_s, 1),
+        "latency_probes": int(arr.size),
+        "latency_p50_ms": round(float(np.percentile(arr, 50)), 2),
+        "latency_p99_ms": round(float(np.percentile(arr, 99)), 2),
+        "latency_max_ms": round(float(arr.max()), 2),
+    }
+
+
+async def _cleanup(settings: Settings, run: str) -> int:
+    """Delete the run's keys (every master of a cluster is scanned) and its item counts."""
+    client = redis_client(settings, timeout_s=10)
+    deleted = 0
+    try:
+        for pattern in (
+            keys.user_keys_pattern(f"{run}-*"),
+            keys.item_keys_pattern(f"seen:{run}-"),
+        ):
+            batch = [k async for k in client.scan_iter(match=pattern, count=5000)]
+            for i in range(0, len(batch), 5000):
+                deleted += await client.unlink(*batch[i : i + 5000])
+        async for key in client.scan_iter(match=keys.item_keys_pattern("cnt")):
+            fields = [f async for f, _ in client.hscan_iter(key, match=f"{run}-*")]
+            if fields:
+                await client.hdel(key, *fields)
+    finally:
+        await client.aclose()
+    return deleted
+
+
+async def _bench(settings: Settings, args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
+    from streamrank.kafka.topics import create_topics
+    from workbench.devstack.processes import start_worker
+    from workbench.devstack.services import free_port
+
+    run = f"bench-{uuid.uuid4().hex[:8]}"
+    overrides: dict[str, Any] = {
+        "topic_clicks": f"{run}-clicks",
+        "topic_dead_letters": f"{run}-dead-letters",
+        "features_app_id": f"{run}-features",
+        "metrics_port": free_port(),
+    }
+    if args.path:
+        overrides["features_path"] = args.path
+    if args.batch_size:
+        overrides["features_batch_size"] = args.batch_size
+    settings = settings.model_copy(update=overrides)
+    await create_topics(settings, topics=(settings.topic_clicks, settings.topic_dead_letters))
+    messages = make_clicks(
+        run,
+        args.events,
+        users=args.users,
+        items=args.items,
+        s=args.zipf,
+        seed=args.seed,
+        start_ms=clock.now_ms() - args.events,
+    )
+    memory_client = redis_client(settings, timeout_s=10)
+    memory_before = await used_memory(memory_client)
+    produce_s = await produce_all(settings, settings.topic_clicks, messages)
+    raw = await raw_consume(settings, settings.topic_clicks, args.events)
+    redis_before = await redis_usage(memory_client)
+    worker = start_worker(
+        "features", settings, log_path=work_dir / f"{run}-worker.log", metrics_port=None
+    )
+    try:
+        await asyncio.to_thread(worker.wait_ready, 120)
+        drain = await measure_drain(worker.pid, settings.metrics_port or 0, args.events)
+        redis_side = redis_usage_per_event(
+            redis_before, await redis_usage(memory_client), args.events
+        )
+        memory = await used_memory(memory_client) - memory_before
+        await memory_client.aclose()
+        users = len({key for key, _value in messages})
+        port = settings.metrics_port or 0
+        before = await asyncio.to_thread(_samples, port)
+        latency = await measure_latency(settings, settings.topic_clicks, run, args)
+        after = await asyncio.to_thread(_samples, port)
+        name = "streamrank_features_append_to_durable_seconds"
+        batches = after[f"{name}_count"] - before[f"{name}_count"]
+        latency["worker_batches"] = int(batches)
+        latency["worker_append_to_durable_mean_ms"] = round(
+            (after[f"{name}_sum"] - before[f"{name}_sum"]) / max(batches, 1) * 1000, 2
+        )
+    finally:
+        worker.stop()
+    deleted = await _cleanup(settings, run)
+    return {
+        "events": args.events,
+        "users": args.users,
+        "items": args.items,
+        "zipf": args.zipf,
+        "partitions": settings.topic_partitions,
+        "features_path": settings.features_path,
+        "batch_size": settings.features_batch_size,
+        "produce_per_s": round(args.events / produce_s, 1),
+        "raw_consume_per_s": round(raw, 1),
+        "events_per_s": round(drain["events_per_s"], 1),
+        "events_per_s_vs_raw": round(drain["events_per_s"] / raw, 3),
+        "worker_cpu_us_per_event": round(drain["worker_cpu_us_per_event"], 1),
+        **redis_side,
+        "host_busy_cores": round(drain["host_busy_cores"], 2),
+        **latency,
+        "redis": settings.redis_mode,
+        # used_memory (summed over masters) grown by the backlog's keys: the users' sequences,
+        # counters and dedupe markers (both sides), and the item counters
+        "redis_bytes_per_user": round(memory / users, 1),
+        "redis_bytes_per_event": round(memory / args.events, 1),
+        "goal_events_per_s_25000": drain["events_per_s"] >= 25_000,
+        "goal_latency_p99_50ms": latency["latency_p99_ms"] <= 50,
+        "redis_keys_cleaned": deleted,
+        "cpu_count": os.cpu_count(),
+    }
+
+
+FIGURES = (
+    "events_per_s",
+    "worker_cpu_us_per_event",
+    "latency_p50_ms",
+    "latency_p99_ms",
+    "redis_bytes_per_user",
+    "redis_bytes_per_event",
+)
+
+
+def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
+    """Run the benchmark; start a private embedded stack when the configured one is down."""
+    from workbench.devstack.pipeline import stack_or_private
+
+    if args.compare_cluster:
+
+        def one(kind_settings: Settings, work_dir: Path) -> dict[str, Any]:
+            work_dir.mkdir(parents=True, exist_ok=True)
+            return asyncio.run(_bench(kind_settings, args, work_dir))
+
+        return compare.compare_cluster(settings, one, runs=args.runs, figures=FIGURES)
+
+    with (
+        tempfile.TemporaryDirectory(
+            prefix="streamrank-bench-streams-", ignore_cleanup_errors=True
+        ) as tmp,
+        stack_or_private(settings, run_dir=Path(tmp), say=logger.info) as (settings, stack),
+    ):
+        result = asyncio.run(_bench(settings, args, Path(tmp)))
+    result["private_stack"] = stack is not None
+    return result

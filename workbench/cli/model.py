@@ -1,0 +1,187 @@
+"""``streamrank train``, ``streamrank publish ARTIFACT`` and ``streamrank activate VERSION``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from streamrank.settings import Settings
+
+
+def _train(args: argparse.Namespace, settings: Settings) -> int:
+    from scoring.training.data import load_movielens
+    from scoring.training.train import TrainConfig, export_artifact, train_and_evaluate
+
+    if args.synthetic:
+        from scoring.training.synthetic import generate
+
+        ds = generate(n_users=args.users, n_items=args.items, seed=args.seed)
+    else:
+        ds = load_movielens(args.data or settings.data_dir / "ml-100k")
+    cfg = TrainConfig(
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        history_len=settings.sequence_length,
+        n_negatives=args.negatives,
+        threads=settings.torch_threads,
+        profile=args.profile,
+    )
+    result = train_and_evaluate(ds, cfg, progress=not args.no_progress)
+    out = args.out or settings.artifacts_dir
+    path = export_artifact(
+        result, ds, cfg, out, encoding=args.encoding or settings.embedding_encoding
+    )
+    m = result.metrics
+    report: dict[str, Any] = {
+        "version": path.name,
+        "artifact": str(path),
+        "data": {
+            "name": ds.name,
+            "sha256": ds.sha256,
+            "events": ds.n_events,
+            "items": len(ds.items),
+        },
+        "test": m["test"],
+        "auc_by_encoding": m["auc_by_encoding"],
+        "goals": m["goals"],
+        "serving_vs_forward_max_abs_diff": m["serving_vs_forward_max_abs_diff"],
+        "samples": m["samples"],
+        "best_epoch": {k: v["best_epoch"] for k, v in m["training"].items()},
+        "train": cfg.to_json(),
+        "train_seconds": m["train_seconds"],
+        "eval_seconds": m["eval_seconds"],
+    }
+    if args.json:
+        from workbench.cli.common import print_json
+
+        print_json(report)
+        return 0
+    print(f"artifact {path} (version {path.name})")
+    print(f"{'model':<12}{'auc':>9}{'gauc':>9}")
+    for name, vals in m["test"].items():
+        print(f"{name:<12}{vals['auc']:>9.4f}{vals['gauc']:>9.4f}")
+    print(
+        "din auc by encoding: " + ", ".join(f"{k} {v:.4f}" for k, v in m["auc_by_encoding"].items())
+    )
+    print("goals: " + ", ".join(f"{k}={v}" for k, v in m["goals"].items()))
+    return 0
+
+
+async def _redis(settings: Settings) -> Any:
+    from streamrank.redis.client import redis_client
+
+    return redis_client(settings)
+
+
+def _publish(args: argparse.Namespace, settings: Settings) -> int:
+    from scoring.embeddings.codec import ENCODINGS
+    from scoring.model.artifact import load_artifact
+    from scoring.model.registry import publish_artifact
+    from streamrank.errors import ArtifactError
+    from workbench.cli.common import print_json, run_async
+
+    if args.encoding is not None and args.encoding not in ENCODINGS:
+        raise ArtifactError(
+            f"unknown encoding {args.encoding!r}; use one of {', '.join(ENCODINGS)}"
+        )
+    artifact = load_artifact(args.artifact, artifacts_dir=settings.artifacts_dir)  # validates all
+
+    async def go() -> dict[str, Any]:
+        redis = await _redis(settings)
+        try:
+            return await publish_artifact(
+                redis, artifact, encoding=args.encoding, progress=not args.no_progress
+            )
+        finally:
+            await redis.aclose()
+
+    report = run_async(go())
+    if args.json:
+        print_json(report)
+    else:
+        print(f"published {report['version']} ({report['item_table']['rows']} items, {report['encoding']}); "
+              f"activate it with: streamrank activate {report['version']}")  # fmt: skip
+    return 0
+
+
+def _activate(args: argparse.Namespace, settings: Settings) -> int:
+    from scoring.model.registry import activate_version
+    from workbench.cli.common import print_json, run_async
+
+    async def go() -> str | None:
+        redis = await _redis(settings)
+        try:
+            return await activate_version(redis, args.version)
+        finally:
+            await redis.aclose()
+
+    previous = run_async(go())
+    if args.json:
+        print_json({"active": args.version, "previous": previous})
+    else:
+        print(f"active model: {args.version} (was {previous or 'none'})")
+    return 0
+
+
+def register(sub: Any) -> None:
+    from scoring.embeddings.codec import ENCODINGS
+
+    train = sub.add_parser(
+        "train", help="train DIN + baselines, evaluate, write a versioned artifact"
+    )
+    train.add_argument("--data", type=Path, default=None,
+                       help="the ml-100k folder (RecBole or GroupLens files; default DATA_DIR/ml-100k)")  # fmt: skip
+    train.add_argument(
+        "--synthetic", action="store_true", help="train on synthetic planted-interest data"
+    )
+    train.add_argument("--users", type=int, default=2000, help="synthetic: number of users")
+    train.add_argument(
+        "--items", type=int, default=2_000_000, help="synthetic: size of the item id space"
+    )
+    train.add_argument(
+        "--out", type=Path, default=None, help="artifacts root (default: settings artifacts_dir)"
+    )
+    train.add_argument("--epochs", type=int, default=3)
+    train.add_argument("--batch-size", type=int, default=256)
+    train.add_argument("--lr", type=float, default=2e-3)
+    train.add_argument("--seed", type=int, default=17)
+    train.add_argument("--negatives", type=int, default=20, help="sampled negatives per test user")
+    train.add_argument(
+        "--profile",
+        action="store_true",
+        help="also feed the user profile (age bucket, gender, occupation) to the models; such a "
+        "model needs profile codes at serving time, which the scoring worker does not have",
+    )
+    train.add_argument(
+        "--encoding",
+        default=None,
+        choices=ENCODINGS,
+        help="default encoding recorded in config.json (default: setting embedding_encoding)",
+    )
+    train.add_argument(
+        "--threads", type=int, default=None, help="torch threads (setting torch_threads)"
+    )
+    train.add_argument("--no-progress", action="store_true")
+    train.add_argument("--json", action="store_true", help="print one JSON object")
+    train.set_defaults(func=_train, setting_flags={"threads": "torch_threads"})
+
+    pub = sub.add_parser(
+        "publish", help="publish an artifact's item table, weights and config to Redis"
+    )
+    pub.add_argument(
+        "artifact", help="artifact directory DIR/<version> (or a version under artifacts_dir)"
+    )
+    pub.add_argument(
+        "--encoding", default=None, help="fp32, fp16 or int8 (default: the artifact's)"
+    )
+    pub.add_argument("--no-progress", action="store_true")
+    pub.add_argument("--json", action="store_true")
+    pub.set_defaults(func=_publish)
+
+    act = sub.add_parser("activate", help="make a published version the serving version")
+    act.add_argument("version")
+    act.add_argument("--json", action="store_true")
+    act.set_defaults(func=_activate)

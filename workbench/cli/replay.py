@@ -1,0 +1,82 @@
+"""``streamrank replay``: online = offline on an artifact's test users (:mod:`workbench.replay`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from scoring.model.artifact import CANDIDATES_FILE, load_artifact
+from streamrank.errors import StreamrankError
+from streamrank.settings import Settings
+from workbench.cli.common import print_json, run_async
+
+
+def _replay(args: argparse.Namespace, settings: Settings) -> int:
+    from workbench.devstack.cases import load_cases, newest_artifact
+    from workbench.devstack.pipeline import stack_or_private
+    from workbench.replay import run_replay, say
+
+    path = Path(args.artifact) if args.artifact else newest_artifact(settings.artifacts_dir)
+    artifact = load_artifact(path, artifacts_dir=settings.artifacts_dir)
+    if getattr(artifact.spec, "profile_sizes", ()):
+        raise StreamrankError(
+            f"{artifact.version} takes a user profile input, which the scoring worker does not "
+            "serve (requests carry no profile); replay a profile-free artifact (the default of "
+            "`streamrank train`)"
+        )
+    cases = load_cases(artifact.path / CANDIDATES_FILE, limit=args.users)
+    say(f"artifact {artifact.path}: {len(cases)} test users")
+    run_dir = Path(settings.run_dir).resolve() / "replay"
+    with stack_or_private(settings, run_dir=run_dir, say=say) as (stack_settings, _private):
+        report = run_async(
+            run_replay(
+                stack_settings,
+                artifact,
+                cases,
+                encoding=args.encoding,
+                concurrency=args.concurrency,
+                tolerance=args.tolerance,
+                apply_timeout_s=args.apply_timeout,
+                activate=args.activate,
+                progress=not args.no_progress,
+            )
+        )
+        report["stack"] = "private embedded" if _private is not None else "configured"
+    if args.json:
+        print_json(report)
+    else:
+        print(
+            f"version {report['version']} ({report['encoding']}): {report['answered']}/"
+            f"{report['requests']} answered, {report['degraded']} degraded; max |online - "
+            f"offline| {report['max_abs_diff']:.2e} (p99 {report['p99_abs_diff']:.2e}); "
+            f"auc offline {report['offline']['auc']} online {report['online']['auc']}, gauc "
+            f"offline {report['offline']['gauc']} online {report['online']['gauc']}; "
+            f"{'CONSISTENT' if report['consistent'] else 'NOT CONSISTENT'}"
+        )
+    return 0 if report["consistent"] else 1
+
+
+def register(sub: Any) -> None:
+    replay = sub.add_parser(
+        "replay",
+        help="online/offline consistency: replay an artifact's test users through Kafka and "
+        "compare the served scores with the offline ones",
+    )
+    replay.add_argument("--artifact", default=None,
+                        help="artifact DIR/<version> (default: the newest under artifacts_dir)")  # fmt: skip
+    replay.add_argument("--users", type=int, default=None, help="replay only the first N users")
+    replay.add_argument("--encoding", default=None,
+                        help="publish with this encoding when the version is not published yet "
+                        "(default: the artifact's)")  # fmt: skip
+    replay.add_argument("--concurrency", type=int, default=32, help="rank requests in flight")
+    replay.add_argument("--tolerance", type=float, default=1e-5,
+                        help="largest |online - offline| accepted per candidate")  # fmt: skip
+    replay.add_argument("--apply-timeout", type=float, default=300.0,
+                        help="seconds to wait for the features worker to apply every click")  # fmt: skip
+    replay.add_argument("--activate", action="store_true",
+                        help="also make the version the serving one (sr:model:active); the "
+                        "replay itself pins its worker to the version and does not need it")  # fmt: skip
+    replay.add_argument("--no-progress", action="store_true")
+    replay.add_argument("--json", action="store_true", help="print the report as JSON")
+    replay.set_defaults(func=_replay)

@@ -1,0 +1,124 @@
+"""``streamrank worker scoring`` and ``streamrank rank``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from streamrank.redis.client import redis_client
+from streamrank.settings import Settings
+
+
+async def serve(worker: Any, settings: Settings, metrics_port: int | None) -> None:
+    """Run one scoring worker until it is stopped (``worker.request_stop``) or cancelled."""
+    from streamrank.runtime.metrics_http import resolve_port, serve_metrics
+
+    port = resolve_port(metrics_port, settings.metrics_port, "scoring")
+    server = serve_metrics(worker.metrics.registry, port, health=worker.health)
+    try:
+        async with worker:
+            await worker.run()
+    finally:
+        if server is not None:
+            server.shutdown()
+
+
+def _worker(args: argparse.Namespace, settings: Settings) -> int:
+    from prometheus_client import CollectorRegistry
+
+    from scoring.serving.worker import ScoringWorker
+    from workbench.cli.common import run_until_signalled
+
+    worker = ScoringWorker(settings=settings, registry=CollectorRegistry())
+
+    def on_signal(task: Any) -> None:
+        # Consuming: finish the batches in flight, commit, leave the group (nothing is answered
+        # twice). Still starting (waiting for Kafka): nothing to finish, stop at once.
+        if worker.consuming:
+            worker.request_stop()
+        else:
+            task.cancel()
+
+    run_until_signalled(serve(worker, settings, args.metrics_port), on_signal=on_signal)
+    return 0
+
+
+async def rank_once(settings: Settings, user: str, items: list[str], timeout_s: float) -> Any:
+    from scoring.client import RankClient
+
+    async with RankClient(settings=settings) as client:
+        return await client.rank(user, items, timeout=timeout_s)
+
+
+def _rank(args: argparse.Namespace, settings: Settings) -> int:
+    from workbench.cli.common import print_json
+
+    items = [i.strip() for i in args.items.split(",") if i.strip()]
+    result = asyncio.run(rank_once(settings, args.user, items, args.timeout))
+    if args.json:
+        print_json(result)
+        return 0
+    flag = f" DEGRADED ({result.reason})" if result.degraded else ""
+    print(f"user {result.user_id}, model {result.model_version or '-'}{flag}")
+    for item, score in sorted(zip(result.items, result.scores, strict=True), key=lambda p: -p[1]):
+        print(f"  {score:.4f}  {item}")
+    timings = ", ".join(f"{k} {v:.1f}" for k, v in result.timings_ms.items())
+    print(f"timings (ms): {timings}")
+    return 0
+
+
+async def canary(settings: Settings, split: str | None) -> dict[str, Any]:
+
+    from scoring.model.versions import set_split
+    from streamrank import keys
+
+    client = redis_client(settings)
+    try:
+        parsed = await set_split(client, split)
+        active = await client.get(keys.active_model())
+    finally:
+        await client.aclose()
+    return {
+        "split": None if parsed is None else {v: w for v, w in parsed},
+        "active": active.decode() if isinstance(active, bytes) else active,
+    }
+
+
+def _canary(args: argparse.Namespace, settings: Settings) -> int:
+    from workbench.cli.common import print_json
+
+    split = None if args.action == "clear" else args.split
+    if args.action == "set" and not split:
+        raise SystemExit("streamrank canary set: give the split, e.g. din-a:0.9,din-b:0.1")
+    print_json(asyncio.run(canary(settings, split)))
+    return 0
+
+
+def register(sub: Any) -> None:
+    from workbench.cli.common import worker_kinds
+
+    scoring = worker_kinds(sub).add_parser("scoring", help="rank requests from Kafka with DIN")
+    scoring.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="/metrics port (default: STREAMRANK_METRICS_PORT or 9465; 0 disables)",
+    )
+    scoring.set_defaults(func=_worker)
+
+    rank = sub.add_parser("rank", help="score items for a user through the scoring worker")
+    rank.add_argument("--user", required=True, help="user id")
+    rank.add_argument("--items", required=True, help="comma-separated item ids")
+    rank.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the reply")
+    rank.add_argument("--json", action="store_true", help="print the RankResult as JSON")
+    rank.set_defaults(func=_rank)
+
+    canary_cmd = sub.add_parser(
+        "canary",
+        help="split traffic between published versions by user (sr:model:split); "
+        "'clear' returns to the active pointer",
+    )
+    canary_cmd.add_argument("action", choices=("set", "clear"))
+    canary_cmd.add_argument("split", nargs="?", help="e.g. din-a:0.9,din-b:0.1")
+    canary_cmd.set_defaults(func=_canary)

@@ -1,0 +1,236 @@
+"""``streamrank replay``: the online/offline consistency check, end to end through Kafka.
+
+The product promise: the scores served through Kafka equal the scores the offline evaluation
+computes for the same events, so a model's offline AUC reappears online. The replay takes an
+artifact's ``test_candidates.jsonl`` (per test user: the history events, the candidates, the
+labels), replays every history event as a ClickEvent through a features worker into Redis, sends
+one RankRequest per user with the same candidates through a scoring worker, and compares the
+replies with the offline expectation: the artifact's scorer on the same histories and candidates,
+with the item table put through the encoding it is published in (the stored rows are int8 by
+default, so the fp32 scores in the file are not the right reference).
+
+Isolation, so it never mixes with other traffic on a shared stack: private topics and consumer
+groups, user ids and event ids prefixed with the run id (the features worker dedupes by event
+id, and sequences are keyed by user id), and the scoring worker pinned to the version by a
+static split (``canary_split``) instead of moving the shared ``sr:model:active`` pointer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from tqdm import tqdm
+
+from streamrank.redis.client import redis_client
+from streamrank.settings import Settings
+from workbench.devstack.cases import (
+    Case,
+    click_events,
+    expected_sequences,
+    offline_scores,
+    private_run,
+    produce_clicks,
+    quality,
+    wait_applied,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def differences(expected: npt.ArrayLike, online: npt.ArrayLike) -> dict[str, float]:
+    """Max, p99 and mean absolute difference over every candidate."""
+    diff = np.abs(np.asarray(online, np.float64) - np.asarray(expected, np.float64)).reshape(-1)
+    return {
+        "max_abs_diff": float(diff.max()),
+        "p99_abs_diff": float(np.quantile(diff, 0.99)),
+        "mean_abs_diff": float(diff.mean()),
+    }
+
+
+def run_settings(settings: Settings, *, run: str, version: str, max_history: int) -> Settings:
+    """Settings of the replay's private topics, groups and workers."""
+    return settings.model_copy(
+        update={
+            **private_run(run),
+            "sequence_length": max_history,
+            "canary_split": f"{version}:1",
+            "served_log_topic": None,
+        }
+    )
+
+
+def say(message: str) -> None:
+    print(f"replay: {message}", file=sys.stderr, flush=True)
+
+
+async def _rank_all(
+    settings: Settings,
+    cases: Sequence[Case],
+    *,
+    run: str,
+    concurrency: int,
+    timeout_s: float,
+    progress: bool,
+) -> tuple[list[Any], list[float]]:
+    """One RankRequest per user (at most ``concurrency`` in flight); replies in case order
+    (None where no reply came) and the client-observed latencies in ms."""
+    from scoring.client import RankClient, RankRejected, RankTimeout
+
+    results: list[Any] = [None] * len(cases)
+    latencies: list[float] = []
+    gate = asyncio.Semaphore(concurrency)
+    async with RankClient(settings=settings, default_timeout_s=timeout_s) as client:
+        with tqdm(total=len(cases), desc="rank requests", unit="req", disable=not progress) as bar:
+
+            async def one(i: int, case: Case) -> None:
+                async with gate:
+                    started = time.perf_counter()
+                    try:
+                        results[i] = await client.rank(
+                            f"{run}-{case.user_id}", case.items, request_id=f"{run}-req-{i}"
+                        )
+                        latencies.append((time.perf_counter() - started) * 1000)
+                    except (RankTimeout, RankRejected) as exc:
+                        logger.warning("user %s: %s", case.user_id, exc)
+                    bar.update(1)
+
+            await asyncio.gather(*(one(i, c) for i, c in enumerate(cases)))
+    return results, latencies
+
+
+async def run_replay(
+    settings: Settings,
+    artifact: Any,
+    cases: Sequence[Case],
+    *,
+    encoding: str | None = None,
+    concurrency: int = 32,
+    tolerance: float = 1e-5,
+    apply_timeout_s: float = 300.0,
+    request_timeout_s: float = 60.0,
+    activate: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Replay ``cases`` through the stack ``settings`` name; returns the report.
+
+    The replay's scoring worker is pinned to the artifact's version by a static split, so the
+    shared ``sr:model:active`` pointer is left alone unless ``activate`` is set."""
+
+    from scoring.model.registry import activate_version
+    from streamrank.kafka.topics import create_topics
+    from workbench.devstack.pipeline import ensure_published
+    from workbench.devstack.processes import start_worker
+
+    started = time.perf_counter()
+    seconds: dict[str, float] = {}
+    run = f"replay-{uuid.uuid4().hex[:8]}"
+    max_history = int(artifact.config.get("train", {}).get("history_len", settings.sequence_length))
+    redis = redis_client(settings)
+    try:
+        published = await ensure_published(redis, artifact, encoding=encoding, progress=progress)
+        version, enc = published["version"], published["encoding"]
+        if activate:
+            await activate_version(redis, version)
+        say(f"version {version} ({enc}; published now: {published['published_now']}); run {run}")
+        rs = run_settings(settings, run=run, version=version, max_history=max_history)
+        await create_topics(rs)
+
+        mark = time.perf_counter()
+        # The worker serves the dense weights as settings.scoring_dense_weights: so does this.
+        dense = settings.scoring_dense_weights
+        expected = offline_scores(
+            artifact, cases, encoding=enc, max_history=max_history, dense=dense
+        )
+        fp32 = offline_scores(artifact, cases, encoding="fp32", max_history=max_history)
+        seconds["offline"] = time.perf_counter() - mark
+
+        logs = Path(rs.run_dir) / run
+        mark = time.perf_counter()
+        features = start_worker("features", rs, log_path=logs / "features-worker.log")
+        scoring = start_worker("scoring", rs, log_path=logs / "scoring-worker.log")
+        try:
+            say(f"waiting for the workers (pids {features.pid}, {scoring.pid}; logs in {logs})")
+            await asyncio.gather(
+                asyncio.to_thread(features.wait_ready, 180),
+                asyncio.to_thread(scoring.wait_ready, 180),
+            )  # fmt: skip
+            seconds["start_workers"] = time.perf_counter() - mark
+
+            events = click_events(cases, run=run)
+            mark = time.perf_counter()
+            await produce_clicks(rs, events, progress=progress)
+            seconds["produce"] = time.perf_counter() - mark
+            mark = time.perf_counter()
+            await wait_applied(
+                redis, rs, expected_sequences(cases, run=run, length=max_history),
+                timeout_s=apply_timeout_s, progress=progress, log_path=features.log_path,
+            )  # fmt: skip
+            seconds["apply"] = time.perf_counter() - mark
+
+            mark = time.perf_counter()
+            results, latencies = await _rank_all(
+                rs, cases, run=run, concurrency=concurrency,
+                timeout_s=request_timeout_s, progress=progress,
+            )  # fmt: skip
+            seconds["rank"] = time.perf_counter() - mark
+        finally:
+            codes = await asyncio.gather(
+                asyncio.to_thread(scoring.stop), asyncio.to_thread(features.stop)
+            )
+            if any(codes):
+                logger.warning("worker exit codes (scoring, features): %s; logs in %s", codes, logs)
+    finally:
+        await redis.aclose()
+
+    answered = [i for i, r in enumerate(results) if r is not None]
+    degraded = sum(1 for i in answered if results[i].degraded)
+    labels = np.array([cases[i].labels for i in answered], dtype=np.float32)  # [U', C]
+    online = np.array([results[i].scores for i in answered], dtype=np.float64)  # [U', C]
+    offline = expected[answered]
+    file_scores = np.array([c.file_scores for c in cases], dtype=np.float64)
+    diffs = differences(offline, online) if answered else {}
+    report: dict[str, Any] = {
+        "version": version,
+        "encoding": enc,
+        "dense_weights": dense,
+        "users": len(cases),
+        "candidates_per_user": len(cases[0].items),
+        "events_replayed": len(events),
+        "requests": len(cases),
+        "answered": len(answered),
+        "degraded": degraded,
+        "versions_served": sorted({results[i].model_version for i in answered}),
+        **diffs,
+        "tolerance": tolerance,
+        "offline": quality(labels, offline) if answered else None,
+        "online": quality(labels, online) if answered else None,
+        "offline_fp32": quality(np.array([c.labels for c in cases]), fp32),
+        "offline_fp32_vs_artifact_scores_max_abs_diff": float(np.abs(fp32 - file_scores).max()),
+        "client_latency_ms": {
+            "p50": round(float(np.percentile(latencies, 50)), 2) if latencies else None,
+            "p99": round(float(np.percentile(latencies, 99)), 2) if latencies else None,
+        },
+        "activated": activate,
+        "redis": settings.redis_mode,
+        "run": run,
+        "seconds": {k: round(v, 2) for k, v in seconds.items()},
+    }
+    report["consistent"] = bool(
+        answered
+        and len(answered) == len(cases)
+        and degraded == 0
+        and report["versions_served"] == [version]
+        and report["max_abs_diff"] <= tolerance
+        and report["online"]["auc"] == report["offline"]["auc"]
+    )
+    report["seconds"]["total"] = round(time.perf_counter() - started, 2)
+    return report
