@@ -31,13 +31,13 @@ import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from streamrank.kafka import guard as kafka_guard
-from streamrank.runtime import groups
+from streamrank.runtime import group_metrics, groups
 from streams.classify import Record
 
 logger = logging.getLogger(__name__)
 
 BatchHandler = Callable[[Sequence[Record]], Awaitable[Any]]
-LagHandler = Callable[[str, int, int], None]  # (topic, partition, records behind)
+LagHandler = group_metrics.LagHandler
 CommitHandler = Callable[[bool], None]  # whether an offset commit succeeded
 
 
@@ -46,20 +46,10 @@ def report_lag(
     on_lag: LagHandler,
 ) -> None:  # fmt: skip
     """Records behind each partition's high watermark once ``messages`` are durable (a gauge
-    for ops), for the partitions still assigned: a rebalance may have moved some away while
-    their batch was written, and aiokafka asserts assignment when reading a high watermark
-    (an AssertionError there stopped the worker)."""
-    done = {m.tp: m.offset for m in messages}  # the last offset per partition
-    for tp, offset in done.items():
-        if tp not in assigned:
-            continue
-        try:
-            mark = highwater(tp)
-        except AssertionError:  # revoked by the consumer thread between the check and the read
-            logger.debug("lag of %s skipped: no longer assigned", tp)
-            continue
-        if mark is not None:
-            on_lag(tp.topic, tp.partition, max(0, mark - (offset + 1)))
+    for ops), for the partitions still assigned
+    (:func:`streamrank.runtime.group_metrics.report_lag`)."""
+    last = {m.tp: m.offset for m in messages}  # the last offset per partition
+    group_metrics.report_lag(last, assigned=assigned, highwater=highwater, on_lag=on_lag)
 
 
 def mark_processing(monitor: Any, messages: Sequence[Any], *, now: float) -> None:

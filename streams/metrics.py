@@ -4,16 +4,27 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from streamrank.runtime.group_metrics import GroupMetrics, Wording
+
 BATCH_SIZE_BUCKETS = (1, 5, 10, 50, 100, 250, 500, 1000, 2000, 5000, 10000)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
-class FeatureMetrics:
-    """The features worker's metrics (prefix ``streamrank_features_``)."""
+WORDING = Wording(
+    items="Records",
+    after="the last durable batch",
+    committed="applied clicks",
+    topic="the clicks topic",
+)
+
+
+class FeatureMetrics(GroupMetrics):
+    """The features worker's metrics (prefix ``streamrank_features_``; the consumer-group family
+    and ``dependency_up`` of redis and kafka from :class:`GroupMetrics`)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
         p = "streamrank_features"
+        super().__init__(registry, prefix=p, wording=WORDING, dependencies=("redis", "kafka"))
         r = self.registry
         self.events_applied = Counter(
             f"{p}_events_applied", "Clicks applied to Redis for the first time.", registry=r
@@ -78,56 +89,3 @@ class FeatureMetrics:
             ["dependency"],
             registry=r,
         )
-        self.dependency_up = Gauge(
-            f"{p}_dependency_up",
-            "1 while the dependency answers, 0 during an outage.",
-            ["dependency"],
-            registry=r,
-        )
-        self.consumer_lag = Gauge(
-            f"{p}_consumer_lag",
-            "Records behind the partition's high watermark after the last durable batch.",
-            ["topic", "partition"],
-            registry=r,
-        )
-        self.commits = Counter(
-            f"{p}_commits",
-            "Offset commits of applied clicks, by result (ok, failed).",
-            ["result"],
-            registry=r,
-        )
-        self.rebalances = Counter(
-            f"{p}_rebalances",
-            "Consumer-group rebalances this worker went through (each new assignment).",
-            registry=r,
-        )
-        self.last_rebalance = Gauge(
-            f"{p}_last_rebalance_seconds",
-            "Duration of the last rebalance: partitions revoked (or the join started) until the "
-            "new assignment arrived.",
-            registry=r,
-        )
-        self.assigned_partitions = Gauge(
-            f"{p}_assigned_partitions", "Partitions of the clicks topic this worker owns now.",
-            registry=r,
-        )  # fmt: skip
-        for dep in ("redis", "kafka"):
-            self.dependency_up.labels(dep).set(1)
-        self._lag_partitions: set[tuple[str, str]] = set()
-
-    def set_lag(self, topic: str, partition: int, lag: int) -> None:
-        self._lag_partitions.add((topic, str(partition)))
-        self.consumer_lag.labels(topic, str(partition)).set(lag)
-
-    def assigned(self, partitions: set[tuple[str, int]], *, rebalance_s: float) -> None:
-        """A new assignment: lag rows of partitions this worker no longer owns go."""
-        mine = {(t, str(p)) for t, p in partitions}
-        for labels in self._lag_partitions - mine:
-            self.consumer_lag.remove(*labels)
-        self._lag_partitions &= mine
-        self.rebalances.inc()
-        self.last_rebalance.set(rebalance_s)
-        self.assigned_partitions.set(len(partitions))
-
-    def committed(self, ok: bool) -> None:
-        self.commits.labels("ok" if ok else "failed").inc()

@@ -241,7 +241,7 @@ class FeatureProcessor:
                     raise
                 if dependency not in self._down:
                     self._down[dependency] = time.monotonic()
-                    self._metrics.dependency_up.labels(dependency).set(0)
+                    self._metrics.dependency(dependency, False)
                     logger.warning(
                         "%s is unavailable (%s); retrying the batch with back-off, offsets are "
                         "not committed until it succeeds",
@@ -258,7 +258,7 @@ class FeatureProcessor:
                 continue
             if dependency in self._down:
                 outage = time.monotonic() - self._down.pop(dependency)
-                self._metrics.dependency_up.labels(dependency).set(1)
+                self._metrics.dependency(dependency, True)
                 logger.info(
                     "%s is back after %.1fs; the batch was applied, resuming", dependency, outage
                 )

@@ -1,4 +1,8 @@
-"""``streamrank worker features``: the Faust worker process."""
+"""``streamrank worker features``: the Faust worker process.
+
+Faust owns the event loop, the consumer group and the signals here; the shared runtime gives
+the rest: waiting for the broker, the ``/metrics`` + ``/healthz`` + ``/readyz`` server, the
+consumer-group metrics and the group bookkeeping (:mod:`streams.membership`)."""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import asyncio
 import gc
 import logging
 import sys
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -13,7 +18,7 @@ from streamrank.errors import one_line
 from streamrank.kafka import clients as kafka
 from streamrank.runtime import logs
 from streamrank.runtime.health import Health
-from streamrank.runtime.metrics_http import resolve_port, serve_metrics
+from streamrank.runtime.metrics_http import metrics_server, resolve_port
 from streamrank.settings import Settings
 from streams.membership import READY_CHECKS, watch_membership
 from streams.metrics import FeatureMetrics
@@ -22,24 +27,14 @@ from streams.processor import FeatureProcessor
 logger = logging.getLogger(__name__)
 
 
-def run_features_worker(settings: Settings, *, metrics_port: int | None = None) -> int:
+def serve(settings: Settings, *, metrics_port: int | None = None) -> int:
     """Create the topics, serve /metrics, and run the Faust worker until it is stopped."""
-    import faust
-
-    from streamrank.kafka.topics import create_topics
     from streams.app import create_app
 
-    async def prepare() -> None:
-        # A pod that starts before the broker waits for it instead of crash-looping.
-        await kafka.wait_for_broker(settings, what="features worker")
-        await create_topics(settings, topics=(settings.topic_clicks, settings.topic_dead_letters))
-
-    asyncio.run(prepare())
+    asyncio.run(_prepare(settings))
     registry = CollectorRegistry()
     metrics = FeatureMetrics(registry)
     health = Health(READY_CHECKS)
-    port = resolve_port(metrics_port, settings.metrics_port, "features")
-    serve_metrics(registry, port, health=health)
     processor = FeatureProcessor(settings=settings, metrics=metrics)
     app = create_app(settings, handler=processor.process)
     app.on_lag = metrics.set_lag
@@ -52,6 +47,22 @@ def run_features_worker(settings: Settings, *, metrics_port: int | None = None) 
         settings.features_path,
         settings.features_batch_size,
     )
+    port = resolve_port(metrics_port, settings.metrics_port, "features")
+    with metrics_server(registry, port, health=health):
+        _tune_interpreter()
+        _run_faust(app, settings)
+    return 0
+
+
+async def _prepare(settings: Settings) -> None:
+    from streamrank.kafka.topics import create_topics
+
+    # A pod that starts before the broker waits for it instead of crash-looping.
+    await kafka.wait_for_broker(settings, what="features worker")
+    await create_topics(settings, topics=(settings.topic_clicks, settings.topic_dead_letters))
+
+
+def _tune_interpreter() -> None:
     # Each batch allocates ~10 short-lived objects per event: with the default threshold (700)
     # the cyclic GC runs every few dozen events and rescans the long-lived startup heap
     # (Faust, aiokafka, ...). Freeze that heap and collect gen0 less often.
@@ -61,6 +72,13 @@ def run_features_worker(settings: Settings, *, metrics_port: int | None = None) 
     # the default 5 ms GIL switch interval a fetch reply can wait for the main thread's batch
     # work; 0.5 ms lowered p50 and p99 click-to-visible in 3 of 3 paired runs.
     sys.setswitchinterval(0.0005)
+
+
+def _run_faust(app: Any, settings: Settings) -> None:
+    """Faust's worker: it handles SIGTERM/SIGINT (leaves the group, commits) and exits the
+    process (SystemExit) when stopped."""
+    import faust
+
     worker = faust.Worker(
         app,
         loglevel=settings.log_level.lower(),
@@ -72,11 +90,10 @@ def run_features_worker(settings: Settings, *, metrics_port: int | None = None) 
         else None,
     )
     try:
-        worker.execute_from_commandline()  # exits the process (SystemExit) when stopped
+        worker.execute_from_commandline()
     except SystemExit:
         crash = worker.crash_reason or app.crash_reason
         if crash is not None:
             # Faust logged the traceback above; the last line says why, for people and probes.
             logger.critical("features worker stopped: %s", one_line(crash))
         raise
-    return 0

@@ -11,22 +11,31 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from scoring.rollout.join import JoinCounts
 from scoring.rollout.stats import Estimate, Summary
+from streamrank.runtime.group_metrics import GroupMetrics, Wording
 
 BOUNDS = ("value", "lo", "hi")
 
 
-class OutcomeMetrics:
-    """The outcomes worker: what the join did, and the online metrics it exports."""
+OUTCOMES_WORDING = Wording(
+    items="Records",
+    after="the last joined batch",
+    committed="joined records",
+    topic="the served log and the clicks",
+)
+
+
+class OutcomeMetrics(GroupMetrics):
+    """The outcomes worker: what the join did, and the online metrics it exports (the
+    consumer-group family from :class:`GroupMetrics`, prefix ``streamrank_outcomes``)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
-        r = self.registry
+        super().__init__(registry, prefix="streamrank_outcomes", wording=OUTCOMES_WORDING)
         self.served = Counter(
             "streamrank_outcomes_served_records",
             "Served-log records read, by result: joined, degraded (counted, not joined), "
             "duplicate (redelivered: skipped).",
             ["result"],
-            registry=r,
+            registry=self.registry,
         )
         self.clicks = Counter(
             "streamrank_outcomes_clicks",
@@ -34,82 +43,82 @@ class OutcomeMetrics:
             "of that request was clicked before), waiting (no open record yet), stale (older "
             "than any open window), ignored (an action that does not count).",
             ["result"],
-            registry=r,
+            registry=self.registry,
         )
         self.closed = Counter(
             "streamrank_outcomes_closed",
             "Outcomes made final (their attribution window closed).",
-            registry=r,
+            registry=self.registry,
         )
         self.dead_letters = Counter(
             "streamrank_outcomes_dead_letters",
             "Served-log records dead-lettered, by reason.",
             ["reason"],
-            registry=r,
+            registry=self.registry,
         )
         self.skipped_clicks = Counter(
             "streamrank_outcomes_skipped_clicks",
             "Clicks that break their contract (the features worker dead-letters them), by reason.",
             ["reason"],
-            registry=r,
+            registry=self.registry,
         )
         self.redis_errors = Counter(
             "streamrank_outcomes_redis_errors",
             "Redis calls of the outcomes worker that failed (the batch is retried).",
-            registry=r,
+            registry=self.registry,
         )
         self.open_records = Gauge(
             "streamrank_outcomes_open_records",
             "Served records waiting for their attribution window to close.",
-            registry=r,
+            registry=self.registry,
         )
         self.requests = Gauge(
             "streamrank_online_requests",
             "Model-scored requests of a version in a rolling window (by served time).",
             ["version", "window"],
-            registry=r,
+            registry=self.registry,
         )
         self.click_count = Gauge(
             "streamrank_online_clicks",
             "Clicked impressions of a version's requests in a rolling window.",
             ["version", "window"],
-            registry=r,
+            registry=self.registry,
         )
         self.ctr = Gauge(
             "streamrank_online_ctr",
             "Share of a version's requests with a click in the top k (Wilson interval).",
             ["version", "window", "k", "bound"],
-            registry=r,
+            registry=self.registry,
         )
         self.auc = Gauge(
             "streamrank_online_auc",
             "AUC of a version's served scores against the clicks (DeLong interval).",
             ["version", "window", "bound"],
-            registry=r,
+            registry=self.registry,
         )
         self.gauc = Gauge(
             "streamrank_online_gauc",
             "Per-request AUC weighted by items (normal interval over requests).",
             ["version", "window", "bound"],
-            registry=r,
+            registry=self.registry,
         )
         self.mrr = Gauge(
             "streamrank_online_mrr",
             "Mean reciprocal rank of the best-ranked click (0 without a click).",
             ["version", "window", "bound"],
-            registry=r,
+            registry=self.registry,
         )
         self.p99 = Gauge(
             "streamrank_online_p99_seconds",
             "p99 of request produced -> reply built, of a version's replies.",
             ["version", "window", "bound"],
-            registry=r,
+            registry=self.registry,
         )
         self.degraded = Gauge(
             "streamrank_online_degraded_ratio",
             "Share of the replies routed to a version that were degraded (Wilson interval).",
             ["version", "window", "bound"],
-            registry=r,
+            registry=self.registry,
         )
         self._exported: set[tuple[str, str]] = set()
 

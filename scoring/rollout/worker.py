@@ -2,9 +2,10 @@
 
 Its own consumer group (``outcomes_group_id``) on the served log and the clicks, so it scales
 and fails apart from the features and scoring workers, and can be left out where nobody needs
-online metrics. Per fetched batch: decode (a bad served record goes to the dead-letter topic;
-bad clicks are the features worker's to dead-letter, counted here), one join-script call, the
-dead letters acknowledged, then the offsets committed. A Redis outage holds the batch and
+online metrics; its lifecycle is the shared one (:mod:`streamrank.runtime.worker`). Per
+fetched batch: decode (a bad served record goes to the dead-letter topic; bad clicks are the
+features worker's to dead-letter, counted here), one join-script call, the dead letters
+acknowledged, then the offsets committed. A Redis outage holds the batch and
 retries it with back-off; the join is idempotent, so a batch redelivered after a crash applies
 nothing twice. Two background tasks: the closer (final outcomes, to ``outcomes_topic`` when
 set) and the exporter of the online metrics (Prometheus gauges per version and window).
@@ -13,20 +14,12 @@ set) and the exporter of the online metrics (Prometheus gauges per version and w
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 import orjson
-import redis.asyncio as aioredis
-from aiokafka import (
-    AIOKafkaConsumer,
-    AIOKafkaProducer,
-    ConsumerRebalanceListener,
-    ConsumerRecord,
-    TopicPartition,
-)
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
 from prometheus_client import CollectorRegistry
 
@@ -40,15 +33,16 @@ from streamrank.errors import (
     UNDECODABLE_BATCH,
     ConfigError,
     ContractError,
-    KafkaUnavailable,
     RedisUnavailable,
     internal_error,
 )
 from streamrank.kafka import clients as kafka
 from streamrank.kafka.guard import UndecodableBatch
 from streamrank.redis.client import redis_client
-from streamrank.runtime import groups, health, tasks
+from streamrank.runtime.group_metrics import report_lag
 from streamrank.runtime.health import Health
+from streamrank.runtime.worker import GroupWorker
+from streamrank.runtime.worker import serve as serve_worker
 from streamrank.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -59,28 +53,11 @@ CLOSE_BATCH = 500
 READY_CHECKS = ("group", "redis")  # what /readyz waits for
 
 
-class _Membership(ConsumerRebalanceListener):
-    """Readiness and the group registry follow the assignment (aiokafka's public hook)."""
-
-    def __init__(self, health: Health, registration: groups.Registration) -> None:
-        self._health = health
-        self._registration = registration
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        self._health.set("group", False, "rebalancing")
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        partitions = {(tp.topic, tp.partition) for tp in assigned}
-        self._registration.assigned(partitions)
-        self._health.set("group", True, f"{len(partitions)} partitions")
-        logger.info(
-            "partitions assigned: %s",
-            ",".join(f"{t}[{p}]" for t, p in sorted(partitions)) or "none",
-        )
-
-
-class OutcomesWorker:
+class OutcomesWorker(GroupWorker):
     """Join served records with clicks; ``async with`` or ``start``/``run``/``stop``."""
+
+    kind = "outcomes"
+    metrics: OutcomeMetrics
 
     def __init__(
         self,
@@ -98,11 +75,13 @@ class OutcomesWorker:
                 "same topic the scoring workers write to)"
             )
         require_single_redis(settings)
-        self.settings = settings
-        self.metrics = OutcomeMetrics(registry)
-        self.health = health if health is not None else Health(READY_CHECKS)
-        self.client_id = groups.client_id("outcomes", settings.kafka_group_instance_id)
-        self._registration: groups.Registration | None = None
+        super().__init__(
+            settings=settings,
+            metrics=OutcomeMetrics(registry),
+            health=health if health is not None else Health(READY_CHECKS),
+            group=settings.outcomes_group_id,
+            topics=[settings.served_log_topic, settings.topic_clicks],
+        )
         self.config = JoinConfig.from_settings(settings)
         self._limits = Limits.from_settings(settings)
         self._actions = frozenset(settings.outcome_actions)
@@ -111,12 +90,7 @@ class OutcomesWorker:
         self._export_every_s = (
             settings.outcomes_export_interval_s if export_every_s is None else export_every_s
         )
-        self._redis: aioredis.Redis | None = None
         self._store: OutcomeStore | None = None
-        self._consumer: AIOKafkaConsumer | None = None
-        self._producer: AIOKafkaProducer | None = None
-        self._stopping = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
         self.batches = 0
 
     @property
@@ -124,98 +98,65 @@ class OutcomesWorker:
         assert self._store is not None, "start() first"
         return self._store
 
-    async def start(self) -> None:
-        s = self.settings
-        assert s.served_log_topic is not None
-        from streamrank.kafka.topics import create_topics
+    # --- the lifecycle's parts (streamrank.runtime.worker) ---------------------------------
 
-        self._redis = redis_client(s, timeout_s=s.outcomes_redis_timeout_s)
-        self._store = OutcomeStore(redis=self._redis)
-        topics = [s.served_log_topic, s.topic_clicks]
-        self._producer = kafka.producer(s, acks="all", linger_ms=5)
-        self._registration = groups.Registration(
-            redis=self._redis, group=s.outcomes_group_id, member=self.client_id, kind="outcomes"
-        )
-        self._consumer = kafka.consumer(
+    async def open(self) -> Any:
+        redis = redis_client(self.settings, timeout_s=self.settings.outcomes_redis_timeout_s)
+        self._store = OutcomeStore(redis=redis)
+        return redis
+
+    def kafka_clients(self) -> tuple[AIOKafkaProducer, AIOKafkaConsumer]:
+        s = self.settings
+        producer = kafka.producer(s, acks="all", linger_ms=5)
+        consumer = kafka.consumer(
             s,
-            group_id=s.outcomes_group_id,
+            group_id=self.group,
             client_id=self.client_id,
             **kafka.group_kwargs(s),
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_poll_records=s.outcomes_batch_max,
         )
-        self._consumer.subscribe(topics, listener=_Membership(self.health, self._registration))
-        try:
-            wanted = (*topics, s.topic_dead_letters) + (
-                (s.outcomes_topic,) if s.outcomes_topic else ()
-            )
-            await create_topics(s, topics=wanted)
-            await self._producer.start()
-            await self._consumer.start()
-        except KafkaError as exc:
-            await self.stop()
-            raise KafkaUnavailable(
-                f"cannot reach Kafka at {s.kafka_bootstrap}: {exc}; is the stack up?"
-            ) from exc
-        self._tasks = [
-            asyncio.create_task(self._every(self._close_every_s, self.close_due), name="closer"),
-            asyncio.create_task(health.watch(self.health, redis=self._redis), name="health"),
-            asyncio.create_task(self._registration.run(), name="group-registry"),
-        ]
+        return producer, consumer
+
+    def kafka_starters(
+        self, producer: AIOKafkaProducer, consumer: AIOKafkaConsumer
+    ) -> list[Callable[[], Awaitable[Any]]]:
+        from streamrank.kafka.topics import create_topics
+
+        s = self.settings
+        wanted = (*self.topics, s.topic_dead_letters) + (
+            (s.outcomes_topic,) if s.outcomes_topic else ()
+        )
+        return [producer.start, lambda: create_topics(s, topics=wanted), consumer.start]
+
+    def background(self) -> dict[str, Coroutine[Any, Any, None]]:
+        jobs = {"closer": self._every(self._close_every_s, self.close_due)}
         if self._export_every_s > 0:
-            self._tasks.append(
-                asyncio.create_task(
-                    self._every(self._export_every_s, self.export_metrics), name="exporter"
-                )
-            )
+            jobs["exporter"] = self._every(self._export_every_s, self.export_metrics)
+        return jobs
+
+    def announce(self) -> None:
+        s = self.settings
         logger.info(
             "%s %s and %s as group %s (window %ss, close delay %ss, buckets of %ss; outcomes to "
             "%s)",
             READY,
             s.served_log_topic,
             s.topic_clicks,
-            s.outcomes_group_id,
+            self.group,
             s.outcome_window_s,
             s.outcome_close_delay_s,
             s.outcome_bucket_s,
             s.outcomes_topic or "no topic",
         )
 
-    async def stop(self) -> None:
-        self._stopping.set()
-        # A cancellation that lands inside a Redis read can come out as redis-py's
-        # TimeoutError, which the loop survives (it also stops on _stopping), or be lost
-        # (streamrank.runtime.tasks): cancelled again until it ends, and not waited for forever.
-        await tasks.cancel_and_wait(self._tasks, what="outcomes worker", timeout_s=5)
-        self._tasks = []
-        for client in (self._consumer, self._producer):
-            if client is not None:
-                with contextlib.suppress(Exception):  # stopping: nothing left to lose
-                    await client.stop()
-        if self._registration is not None:
-            await self._registration.withdraw()
-            self._registration = None
-        if self._redis is not None:
-            await self._redis.aclose()
-        self._consumer = self._producer = self._redis = None
-
-    async def __aenter__(self) -> OutcomesWorker:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    def request_stop(self) -> None:
-        self._stopping.set()
-
     # --- the loop ---------------------------------------------------------------------------
 
     async def run(self) -> None:
         """Consume until :meth:`request_stop` (or cancellation)."""
         assert self._consumer is not None
-        while not self._stopping.is_set():
+        while not self.stopping:
             got = await self._consumer.getmany(
                 timeout_ms=200, max_records=self.settings.outcomes_batch_max
             )
@@ -239,7 +180,7 @@ class OutcomesWorker:
                 if not failing:
                     logger.warning("%s; retrying with back-off", exc)
                     failing = True
-                if self._stopping.is_set():
+                if self.stopping:
                     return False
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.settings.features_retry_max_s)
@@ -317,7 +258,7 @@ class OutcomesWorker:
                 return
             except KafkaError as exc:
                 logger.warning("producing %d dead letters failed (%s); retrying", len(letters), exc)
-                if self._stopping.is_set():
+                if self.stopping:
                     return
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -332,12 +273,21 @@ class OutcomesWorker:
             await self._consumer.commit(offsets)
         except (CommitFailedError, KafkaError) as exc:
             # Applied already; a redelivery after a rebalance is a no-op (idempotent join).
+            self.metrics.committed(False)
             logger.warning("offset commit failed (%s); the batch may be read again", exc)
+        else:
+            self.metrics.committed(True)
+        report_lag(
+            {tp: offset - 1 for tp, offset in offsets.items()},
+            assigned=self._consumer.assignment(),
+            highwater=self._consumer.highwater,
+            on_lag=self.metrics.set_lag,
+        )
 
     # --- background tasks -------------------------------------------------------------------
 
     async def _every(self, seconds: float, job: Callable[[], Any]) -> None:
-        while not self._stopping.is_set():
+        while not self.stopping:
             await asyncio.sleep(seconds)
             try:
                 await job()
@@ -380,13 +330,22 @@ class OutcomesWorker:
 
     async def export_metrics(self) -> None:
         """The online gauges of every version that served in the last hour."""
-        assert self._redis is not None
+        redis = self._redis
+        assert redis is not None
         now = self._clock()
-        versions = await recent_versions(self._redis, since_ms=now - max(WINDOWS.values()) * 1000)
+        versions = await recent_versions(redis, since_ms=now - max(WINDOWS.values()) * 1000)
         summaries = {}
         for name, seconds in WINDOWS.items():
             window = Window.trailing(seconds, now_ms=now, bucket_s=self.config.bucket_s)
-            for version, summary in (await read_summaries(self._redis, versions, window)).items():
+            for version, summary in (await read_summaries(redis, versions, window)).items():
                 summaries[(version, name)] = summary
         self.metrics.export(summaries)
-        self.metrics.open_records.set(await self._redis.zcard(keys.outcome_due()))
+        self.metrics.open_records.set(await redis.zcard(keys.outcome_due()))
+
+
+def serve(settings: Settings, *, metrics_port: int | None = None) -> None:
+    """Run one outcomes worker in this process until a signal stops it (its metrics and health
+    endpoints on ``metrics_port``)."""
+    serve_worker(
+        OutcomesWorker(settings=settings, registry=CollectorRegistry()), metrics_port=metrics_port
+    )

@@ -14,6 +14,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from streamrank.runtime.group_metrics import GroupMetrics, Wording
+
 LATENCY_BUCKETS = (
     0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025,
     0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -22,11 +24,20 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 STAGES = ("queue_wait", "sequence_fetch", "embedding_lookup", "forward", "total")
 
 
-class ScoringMetrics:
-    """Counters, histograms and gauges of one scoring worker."""
+WORDING = Wording(
+    items="Requests",
+    after="the last answered batch",
+    committed="answered requests",
+    topic="the request topic",
+)
+
+
+class ScoringMetrics(GroupMetrics):
+    """Counters, histograms and gauges of one scoring worker (the consumer-group family from
+    :class:`GroupMetrics`, prefix ``streamrank_scoring``)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
+        super().__init__(registry, prefix="streamrank_scoring", wording=WORDING)
         r = self.registry
         self.requests = Counter(
             "streamrank_scoring_requests",
@@ -96,37 +107,8 @@ class ScoringMetrics:
             "no_model meanwhile).",
             registry=r,
         )
-        self.consumer_lag = Gauge(
-            "streamrank_scoring_consumer_lag",
-            "Requests behind the partition's high watermark after the last answered batch.",
-            ["topic", "partition"],
-            registry=r,
-        )
-        self.commits = Counter(
-            "streamrank_scoring_commits",
-            "Offset commits of answered requests, by result (ok, failed).",
-            ["result"],
-            registry=r,
-        )
-        self.rebalances = Counter(
-            "streamrank_scoring_rebalances",
-            "Consumer-group rebalances this worker went through (each new assignment).",
-            registry=r,
-        )
-        self.last_rebalance = Gauge(
-            "streamrank_scoring_last_rebalance_seconds",
-            "Duration of the last rebalance: partitions revoked (or the join started) until the "
-            "new assignment arrived.",
-            registry=r,
-        )
-        self.assigned_partitions = Gauge(
-            "streamrank_scoring_assigned_partitions",
-            "Partitions of the request topic this worker owns now.",
-            registry=r,
-        )
         self._versions: set[str] = set()
         self._encodings: dict[str, str] = {}
-        self._lag_partitions: set[tuple[str, str]] = set()
         # labelled children looked up once: labels() per reply and stage cost 1% of a request
         self._stages = {stage: self.stage_latency.labels(stage) for stage in STAGES}
         self._outcomes: dict[tuple[str, str | None, str], Any] = {}
@@ -142,20 +124,6 @@ class ScoringMetrics:
             if len(self._outcomes) < 1024:  # reasons may carry details: keep the memo bounded
                 self._outcomes[(outcome, reason, topic)] = child
         child.inc()
-
-    def set_lag(self, topic: str, partition: int, lag: int) -> None:
-        self._lag_partitions.add((topic, str(partition)))
-        self.consumer_lag.labels(topic, str(partition)).set(lag)
-
-    def assigned(self, partitions: set[tuple[str, int]], *, rebalance_s: float) -> None:
-        """A new assignment: lag rows of partitions this worker no longer owns go."""
-        mine = {(t, str(p)) for t, p in partitions}
-        for labels in self._lag_partitions - mine:
-            self.consumer_lag.remove(*labels)
-        self._lag_partitions &= mine
-        self.rebalances.inc()
-        self.last_rebalance.set(rebalance_s)
-        self.assigned_partitions.set(len(partitions))
 
     def model_encoding(self, version: str, encoding: str) -> None:
         """The encoding of a loaded version's item table (for ``model_info``)."""

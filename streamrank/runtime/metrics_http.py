@@ -4,10 +4,11 @@ own metrics object from an injected registry), ``/healthz`` and ``/readyz``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
@@ -73,3 +74,17 @@ def serve_metrics(
     thread.start()
     logger.info("serving metrics at http://%s:%s/metrics (health: /healthz, /readyz)", host, port)
     return server
+
+
+@contextlib.contextmanager
+def metrics_server(
+    registry: CollectorRegistry, port: int, *, health: Health | None = None
+) -> Iterator[None]:
+    """:func:`serve_metrics` for the duration of a ``with`` block."""
+    server = serve_metrics(registry, port, health=health)
+    try:
+        yield
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()

@@ -1,9 +1,9 @@
 """The benchmark's floor: an echo worker that answers rank requests without scoring them.
 
 Same broker, topics and client settings as ``streamrank worker scoring`` (its
-:func:`~scoring.serving.worker.reply_producer`, :func:`~scoring.serving.worker.request_consumer`
-and :func:`~scoring.serving.worker.next_batch`), the same pipelining (``scoring_pipeline_depth``
-batches in flight, offsets committed in order every ``scoring_commit_interval_ms``): per batch
+:mod:`~scoring.serving.kafka_clients`: ``reply_producer``, ``request_consumer`` and
+``next_batch``), the same pipelining (``scoring_pipeline_depth`` batches in flight, offsets
+committed in order every ``scoring_commit_interval_ms``): per batch
 it decodes each request, produces a reply of zero scores, awaits the acknowledgements and
 commits. No Redis, no lookup, no model. What our worker's latency adds to this floor is what
 its lookups and compute cost. Run by ``streamrank bench scoring`` as a subprocess: ``python -m
@@ -21,8 +21,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 
 from schemas import Limits, RankResult, decode_request
+from scoring.serving.kafka_clients import next_batch, reply_producer, request_consumer
 from scoring.serving.offsets import OffsetBook
-from scoring.serving.worker import next_batch, reply_producer, request_consumer
 from streamrank import clock
 from streamrank.errors import ContractError
 from streamrank.settings import Settings

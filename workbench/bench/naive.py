@@ -21,7 +21,7 @@ from scoring.embeddings.bucketing import bucket_of
 from scoring.embeddings.codec import decode_blobs
 from scoring.embeddings.store import EmbeddingStore
 from scoring.model.registry import load_scorer_from_redis
-from scoring.serving.worker import configure_torch
+from scoring.serving.wiring import configure_torch
 from streamrank import clock, keys
 from streamrank.redis.client import redis_client
 from streamrank.settings import Settings

@@ -44,7 +44,7 @@ from tqdm import tqdm
 
 from scoring.serving.assemble import assemble, gather
 from scoring.serving.service import forward
-from scoring.serving.worker import configure_torch
+from scoring.serving.wiring import configure_torch
 from streamrank import clock, keys
 from streamrank.kafka.topics import create_topics
 from streamrank.redis.client import redis_client, used_memory

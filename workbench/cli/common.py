@@ -1,11 +1,11 @@
-"""What every command module shares: JSON output, running coroutines, the ``worker KIND``
-subparsers, and settings from flags."""
+"""What every command module shares: JSON output, running coroutines (until a signal:
+:func:`streamrank.runtime.signals.run_until_signalled`), the ``worker KIND`` subparsers, and
+settings from flags."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import signal
 import sys
 import threading
@@ -15,9 +15,8 @@ from typing import Any
 import orjson
 
 from streamrank.runtime import tasks
+from streamrank.runtime.signals import run_until_signalled as run_until_signalled
 from streamrank.settings import Settings
-
-logger = logging.getLogger("streamrank")
 
 Handler = Callable[[argparse.Namespace, Settings], int]
 
@@ -71,46 +70,6 @@ def run_async(coro: Any) -> Any:
             raise
         finally:
             loop.remove_signal_handler(signal.SIGINT)
-
-    return asyncio.run(main())
-
-
-def run_until_signalled(
-    coro: Any, *, on_signal: Callable[[asyncio.Task[Any]], None] | None = None
-) -> Any:
-    """Run a long-lived coroutine; SIGINT (Ctrl-C) or SIGTERM cancel it, so its ``finally``
-    blocks stop what it started. Explicit handlers, because a process started in the background
-    inherits an ignored SIGINT and would never see Ctrl-C as KeyboardInterrupt.
-
-    ``on_signal(task)``, when given, handles the first signal instead (a graceful stop: finish
-    what is in flight, then return); a second signal cancels."""
-
-    async def main() -> Any:
-        task = asyncio.ensure_future(coro)
-        loop = asyncio.get_running_loop()
-        signals = 0
-
-        def handle() -> None:
-            nonlocal signals
-            signals += 1
-            if on_signal is not None and signals == 1:
-                logger.info("stopping gracefully (a second signal stops at once)")
-                on_signal(task)
-            else:
-                # Once: a worker's own stop runs in its finally blocks and must not be cut
-                # short; if the cancellation is lost (streamrank.runtime.tasks), a second signal ends it.
-                task.cancel()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, handle)
-        try:
-            return await task
-        except asyncio.CancelledError:
-            logger.info("stopped by signal")
-            return None
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
 
     return asyncio.run(main())
 

@@ -10,9 +10,9 @@ from workbench.cli.common import print_json, run_async, worker_kinds
 
 
 def _worker(args: argparse.Namespace, settings: Settings) -> int:
-    from streams.worker import run_features_worker
+    from streams.worker import serve
 
-    return run_features_worker(settings, metrics_port=args.metrics_port)
+    return serve(settings, metrics_port=args.metrics_port)
 
 
 def _features(args: argparse.Namespace, settings: Settings) -> int:

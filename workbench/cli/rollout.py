@@ -36,30 +36,10 @@ def _by() -> str:
 # --- worker outcomes ------------------------------------------------------------------------
 
 
-async def serve_outcomes(settings: Settings, metrics_port: int | None) -> None:
-    from prometheus_client import CollectorRegistry
-
-    from scoring.rollout.worker import READY_CHECKS, OutcomesWorker
-    from streamrank.runtime.health import Health
-    from streamrank.runtime.metrics_http import resolve_port, serve_metrics
-
-    registry = CollectorRegistry()
-    health = Health(READY_CHECKS)
-    worker = OutcomesWorker(settings=settings, registry=registry, health=health)
-    port = resolve_port(metrics_port, settings.metrics_port, "outcomes")
-    server = serve_metrics(registry, port, health=health)
-    try:
-        async with worker:
-            await worker.run()
-    finally:
-        if server is not None:
-            server.shutdown()
-
-
 def _worker(args: argparse.Namespace, settings: Settings) -> int:
-    from workbench.cli.common import run_until_signalled
+    from scoring.rollout.worker import serve
 
-    run_until_signalled(serve_outcomes(settings, args.metrics_port))
+    serve(settings, metrics_port=args.metrics_port)
     return 0
 
 

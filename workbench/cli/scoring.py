@@ -10,37 +10,10 @@ from streamrank.redis.client import redis_client
 from streamrank.settings import Settings
 
 
-async def serve(worker: Any, settings: Settings, metrics_port: int | None) -> None:
-    """Run one scoring worker until it is stopped (``worker.request_stop``) or cancelled."""
-    from streamrank.runtime.metrics_http import resolve_port, serve_metrics
-
-    port = resolve_port(metrics_port, settings.metrics_port, "scoring")
-    server = serve_metrics(worker.metrics.registry, port, health=worker.health)
-    try:
-        async with worker:
-            await worker.run()
-    finally:
-        if server is not None:
-            server.shutdown()
-
-
 def _worker(args: argparse.Namespace, settings: Settings) -> int:
-    from prometheus_client import CollectorRegistry
+    from scoring.serving.worker import serve
 
-    from scoring.serving.worker import ScoringWorker
-    from workbench.cli.common import run_until_signalled
-
-    worker = ScoringWorker(settings=settings, registry=CollectorRegistry())
-
-    def on_signal(task: Any) -> None:
-        # Consuming: finish the batches in flight, commit, leave the group (nothing is answered
-        # twice). Still starting (waiting for Kafka): nothing to finish, stop at once.
-        if worker.consuming:
-            worker.request_stop()
-        else:
-            task.cancel()
-
-    run_until_signalled(serve(worker, settings, args.metrics_port), on_signal=on_signal)
+    serve(settings, metrics_port=args.metrics_port)
     return 0
 
 

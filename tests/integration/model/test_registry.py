@@ -195,7 +195,7 @@ def test_dense_weights_setting_reaches_the_workers_scorer(stack: StackInfo, tmp_
     # STREAMRANK_SCORING_DENSE_WEIGHTS=int8: the scoring worker's loader builds an int8 scorer
     # from what is published, scoring exactly like the artifact's int8 scorer offline.
     from scoring.serving.metrics import ScoringMetrics
-    from scoring.serving.worker import real_dependencies
+    from scoring.serving.wiring import real_dependencies
 
     art = load_artifact(make_artifact(tmp_path, rows=30, seed=3))
     rng = np.random.default_rng(0)

@@ -1,15 +1,15 @@
-"""The scoring worker's consumer-group rebalance listener (aiokafka's public extension point).
+"""The consumer-group rebalance listener of the aiokafka workers (aiokafka's public extension
+point).
 
 aiokafka calls :meth:`~RebalanceListener.on_partitions_revoked` before a rebalance (another
 worker joined or left, or this one is rejoining) and
 :meth:`~RebalanceListener.on_partitions_assigned` after it, on the consumer's event loop, and
-waits for both. At each the worker is told (``on_revoked`` / ``on_assigned``: readiness,
-rebalance metrics, the group registry's membership). Before partitions move, ``finish`` lets the
-batches in flight complete (their replies are produced) and commits every answered offset, so
-the partition's next owner starts right after the last answered request instead of answering
-the uncommitted ones again (duplicate replies). If this member was already evicted, the commit
-fails (``CommitFailedError``): the new owner then answers those requests again, which clients
-tolerate.
+waits for both. At each the worker's :class:`~streamrank.runtime.membership.Membership` is told
+(readiness, rebalance metrics, the group registry), then its own hooks. Before partitions move,
+``finish`` lets the batches in flight complete and commits every finished offset, so the
+partition's next owner starts right after the last finished record instead of processing the
+uncommitted ones again. If this member was already evicted, the commit fails
+(``CommitFailedError``): the new owner then processes those records again.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
+
+from streamrank.runtime.membership import Membership
 
 logger = logging.getLogger(__name__)
 
@@ -36,20 +38,22 @@ def describe(partitions: Iterable[TopicPartition]) -> str:
 
 
 class RebalanceListener(ConsumerRebalanceListener):
-    """``consumer.subscribe([topic], listener=RebalanceListener(finish=..., on_assigned=...,
-    on_revoked=...))``.
+    """``consumer.subscribe([topic], listener=RebalanceListener(membership=..., finish=...))``.
 
-    On revoke: ``on_revoked`` with the partitions, then (when this member held any) ``finish``,
-    which completes the batches in flight and commits every answered offset (the worker bounds
-    how long it waits). On assign: ``on_assigned`` with the new assignment."""
+    On revoke: the membership, ``on_revoked`` with the partitions, then (when this member held
+    any) ``finish``, which completes the batches in flight and commits every finished offset
+    (the worker bounds how long it waits). On assign: the membership, then ``on_assigned`` with
+    the new assignment."""
 
     def __init__(
         self,
         *,
+        membership: Membership | None = None,
         finish: Callable[[], Awaitable[None]] | None = None,
         on_assigned: Hook | None = None,
         on_revoked: Hook | None = None,
     ) -> None:
+        self._membership = membership
         self._finish = finish
         self._on_assigned = on_assigned
         self._on_revoked = on_revoked
@@ -61,6 +65,8 @@ class RebalanceListener(ConsumerRebalanceListener):
         revoked = set(revoked)
         started = time.monotonic()
         # aiokafka logs (and swallows) what a listener raises; the hooks log their own failures.
+        if self._membership is not None:
+            self._membership.revoked()
         if self._on_revoked is not None:
             await self._on_revoked(set(revoked))
         if not revoked:  # the first join, or a member that held nothing: nothing to commit
@@ -70,8 +76,7 @@ class RebalanceListener(ConsumerRebalanceListener):
         if self._finish is not None:
             await self._finish()
         logger.info(
-            "partitions revoked: %s (in-flight batches finished and answered offsets committed "
-            "in %.0f ms)",
+            "partitions revoked: %s (work in flight finished and committed in %.0f ms)",
             describe(revoked),
             (time.monotonic() - started) * 1000,
         )
@@ -79,5 +84,7 @@ class RebalanceListener(ConsumerRebalanceListener):
     async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         self.assigned = frozenset(assigned)
         self.assignments += 1
+        if self._membership is not None:
+            self._membership.assigned((tp.topic, tp.partition) for tp in self.assigned)
         if self._on_assigned is not None:
             await self._on_assigned(set(self.assigned))

@@ -1,11 +1,11 @@
-"""The scoring worker's one rebalance listener: tells the worker (membership, readiness,
+"""The aiokafka workers' rebalance listener: tells the worker (membership, readiness,
 metrics) and commits what was answered before partitions move."""
 
 from __future__ import annotations
 
 from aiokafka import TopicPartition
 
-from scoring.serving.rebalance import RebalanceListener, describe
+from streamrank.runtime.rebalance import RebalanceListener, describe
 
 P0, P1 = TopicPartition("rank-requests", 0), TopicPartition("rank-requests", 1)
 

@@ -1,0 +1,106 @@
+"""What the scoring worker ranks with, wired from the settings: the feature reader, the cached
+embedding store, the model loader, the version watcher and the :class:`RankService`. Tests
+inject their own features, embeddings and loader instead of the production ones."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from scoring.serving.breaker import CircuitBreaker
+from scoring.serving.margin import DeadlineMargin
+from scoring.serving.metrics import ScoringMetrics
+from scoring.serving.protocols import EmbeddingSource, FeatureSource
+from scoring.serving.service import RankService
+from scoring.serving.watcher import Loader, RecentIds, VersionWatcher
+from streamrank.redis.client import redis_client
+from streamrank.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Dependencies:
+    """What ranking reads: features, embeddings and the model loader (None: the real ones)."""
+
+    features: FeatureSource | None = None
+    embeddings: EmbeddingSource | None = None
+    loader: Loader | None = None
+
+
+def configure_torch(settings: Settings) -> None:
+    """Torch thread pools from the settings (inter-op can only be set once per process)."""
+    import torch
+
+    torch.set_num_threads(settings.torch_threads)
+    with contextlib.suppress(RuntimeError):
+        torch.set_num_interop_threads(settings.torch_interop_threads)
+
+
+def scoring_redis(settings: Settings) -> aioredis.Redis:
+    """The worker's Redis client. A request may wait for Redis up to its deadline (RankService
+    bounds each wait), so the socket timeout must not cut it shorter than the default budget."""
+    s = settings
+    return redis_client(s, timeout_s=max(s.redis_timeout_s, s.scoring_budget_ms / 1000))
+
+
+def real_dependencies(
+    settings: Settings, redis: aioredis.Redis, metrics: ScoringMetrics
+) -> tuple[FeatureSource, EmbeddingSource, Loader]:
+    """The production feature reader, cached embedding store and DIN scorer loader."""
+    from scoring.embeddings.cache import CachedEmbeddings
+    from scoring.embeddings.store import EmbeddingStore
+    from scoring.model.registry import load_scorer_from_redis
+    from streams.reader import FeatureReader
+
+    features = FeatureReader(redis=redis, settings=settings)
+    embeddings = CachedEmbeddings.from_settings(
+        store=EmbeddingStore(redis=redis), settings=settings, registry=metrics.registry
+    )
+
+    async def loader(version: str) -> Any:
+        scorer, config = await load_scorer_from_redis(
+            redis, version, dense=settings.scoring_dense_weights
+        )
+        metrics.model_encoding(version, str(config.get("encoding", "unknown")))
+        return scorer
+
+    return features, embeddings, loader
+
+
+def rank_service(
+    settings: Settings, redis: aioredis.Redis, metrics: ScoringMetrics, injected: Dependencies
+) -> tuple[VersionWatcher, RankService]:
+    """The version watcher (not started) and the service that ranks with what it serves."""
+    s = settings
+    features, embeddings, loader = injected.features, injected.embeddings, injected.loader
+    if features is None or embeddings is None or loader is None:
+        features, embeddings, loader = real_dependencies(s, redis, metrics)
+    recent = RecentIds(s.cache_warm_top_k)
+    watcher = VersionWatcher(
+        redis=redis,
+        loader=loader,
+        embeddings=embeddings,
+        metrics=metrics,
+        static_split=s.canary_split,
+        recent=recent,
+        warm_top_k=s.cache_warm_top_k,
+        poll_s=s.scoring_poll_s,
+    )
+    service = RankService(
+        features=features,
+        embeddings=embeddings,
+        serving=lambda: watcher.current,
+        breaker=CircuitBreaker(failures=s.breaker_failures, cooldown_s=s.breaker_cooldown_s),
+        metrics=metrics,
+        sequence_length=s.sequence_length,
+        forward_mode=s.scoring_forward,
+        log_served=s.served_log_topic is not None,
+        recent=recent,
+        margin=DeadlineMargin(cap_ms=s.scoring_budget_ms / 2),
+    )
+    return watcher, service
