@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from schemas import RankRequest, RankResult
+from schemas import RankRequest, RankResult, reasons
 from scoring.serving import replies
 from scoring.serving.assemble import assemble, gather, split_scores
 from scoring.serving.breaker import CircuitBreaker
@@ -142,7 +142,7 @@ class RankService:
         for i, incoming in enumerate(batch):
             if deadlines[i] <= too_late:
                 expired.append(i)
-                out[i] = Ranked(self._result(incoming, (), "", True, replies.EXPIRED, {}))
+                out[i] = Ranked(self._result(incoming, (), "", True, reasons.EXPIRED, {}))
             else:
                 live.append(i)
         if expired and self._log_served:
@@ -169,11 +169,11 @@ class RankService:
     ) -> list[Ranked]:
         serving = self._serving()
         if serving is None:
-            return await self._fallback(batch, replies.NO_MODEL, start, until_ms)
+            return await self._fallback(batch, reasons.NO_MODEL, start, until_ms)
         users = [b.request.user_id for b in batch]
         routed = serving.assign(users)
         if not self._breaker.allow():
-            return await self._fallback(batch, replies.BREAKER_OPEN, start, None, routed=routed)
+            return await self._fallback(batch, reasons.BREAKER_OPEN, start, None, routed=routed)
         t0 = time.perf_counter()
         try:
             async with self._within(until_ms):
@@ -220,7 +220,7 @@ class RankService:
             self._breaker.record_success()  # Redis answered: ends a half-open probe
             logger.error("model version unusable (%s); serving popularity fallback", exc)
             return await self._fallback(
-                batch, replies.MODEL_UNAVAILABLE, start, until_ms, routed=routed
+                batch, reasons.MODEL_UNAVAILABLE, start, until_ms, routed=routed
             )
         except Exception:
             self._breaker.record_success()  # Redis answered: ends a half-open probe
@@ -228,7 +228,7 @@ class RankService:
                 "scoring a batch of %d failed; serving popularity fallback", len(batch)
             )
             return await self._fallback(
-                batch, replies.INTERNAL_ERROR, start, until_ms, routed=routed
+                batch, reasons.INTERNAL_ERROR, start, until_ms, routed=routed
             )
         self._breaker.record_success()
         self._margin.observe((t_seq + t_lookup) * 1000)
@@ -289,7 +289,7 @@ class RankService:
                 )
                 self._cut_logged_at, self._cut_by_deadline = now, 0
             return await self._fallback(
-                batch, replies.REDIS_UNAVAILABLE, start, None, routed=routed
+                batch, reasons.REDIS_UNAVAILABLE, start, None, routed=routed
             )
         self._breaker.record_failure()
         logger.warning(
@@ -299,7 +299,7 @@ class RankService:
             exc,
         )
         return await self._fallback(
-            batch, replies.REDIS_UNAVAILABLE, start, until_ms, routed=routed
+            batch, reasons.REDIS_UNAVAILABLE, start, until_ms, routed=routed
         )
 
     async def _fallback(
