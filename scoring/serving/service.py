@@ -216,20 +216,8 @@ class RankService:
                     self._recent.add(assembled.unique_ids)
         except REDIS_FAILURES as exc:
             return await self._redis_failed(batch, exc, start, until_ms, routed)
-        except StreamrankError as exc:
-            self._breaker.record_success()  # Redis answered: ends a half-open probe
-            logger.error("model version unusable (%s); serving popularity fallback", exc)
-            return await self._fallback(
-                batch, reasons.MODEL_UNAVAILABLE, start, until_ms, routed=routed
-            )
-        except Exception:
-            self._breaker.record_success()  # Redis answered: ends a half-open probe
-            logger.exception(
-                "scoring a batch of %d failed; serving popularity fallback", len(batch)
-            )
-            return await self._fallback(
-                batch, reasons.INTERNAL_ERROR, start, until_ms, routed=routed
-            )
+        except Exception as exc:
+            return await self._scoring_failed(batch, exc, start, until_ms, routed)
         self._breaker.record_success()
         self._margin.observe((t_seq + t_lookup) * 1000)
         stages = {
@@ -251,6 +239,25 @@ class RankService:
         return out
 
     # --- degradation ------------------------------------------------------------------------
+
+    async def _scoring_failed(
+        self,
+        batch: Sequence[Incoming],
+        exc: Exception,
+        start: float,
+        until_ms: int,
+        routed: Sequence[str],
+    ) -> list[Ranked]:
+        """Redis answered but scoring failed: an unusable model version or a bug; the batch gets
+        the popularity fallback. Call it from the ``except`` block (it logs the traceback)."""
+        self._breaker.record_success()  # Redis answered: ends a half-open probe
+        if isinstance(exc, StreamrankError):
+            logger.error("model version unusable (%s); serving popularity fallback", exc)
+            return await self._fallback(
+                batch, reasons.MODEL_UNAVAILABLE, start, until_ms, routed=routed
+            )
+        logger.exception("scoring a batch of %d failed; serving popularity fallback", len(batch))
+        return await self._fallback(batch, reasons.INTERNAL_ERROR, start, until_ms, routed=routed)
 
     def _routed(self, batch: Sequence[Incoming]) -> list[str] | None:
         """The version each request is routed to by the current split (None: no model)."""
