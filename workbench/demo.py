@@ -44,8 +44,8 @@ logger = logging.getLogger(__name__)
 # The synthetic model when there is no MovieLens: trains in seconds (like
 # `streamrank train --synthetic --users 300 --epochs 1`).
 SYNTHETIC_USERS, SYNTHETIC_ITEMS, SYNTHETIC_SEED = 300, 100_000, 17
-# One epoch on ml-100k: about a minute on 2 cores instead of ~2-3 for the full 3 epochs; the
-# demo shows the pipeline, and the artifact is kept, so the next demo starts at once (and a
+# One epoch on ml-100k, a third of a full train: the demo shows the pipeline, and the
+# artifact is kept, so the next demo starts at once (and a
 # fully trained artifact from `streamrank train` is reused when there is one).
 DEMO_EPOCHS = 1
 CANDIDATES = 20  # per rank request: items the watched user clicks later + random others

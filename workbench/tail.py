@@ -18,6 +18,7 @@ from typing import Any, Literal
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from schemas import reason_code
 from streamrank import clock
 from streamrank.errors import StreamrankError
 from streamrank.kafka import clients as kafka
@@ -211,7 +212,7 @@ def cells(kind: Kind, m: Message, *, top: int = 5) -> list[str]:
     if kind == "results":
         flag = "ok"
         if v.get("degraded"):
-            flag = f"degraded {str(v.get('reason') or '').split(':', 1)[0]}"
+            flag = f"degraded {reason_code(str(v.get('reason') or ''))}"
         return [_time(m.timestamp), where, str(v.get("request_id")), str(v.get("user_id")),
                 str(v.get("model_version") or "-"), flag,
                 top_items(v.get("items") or (), v.get("scores") or (), top)]  # fmt: skip
