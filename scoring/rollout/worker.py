@@ -30,6 +30,7 @@ from scoring.rollout.online import WINDOWS, Window, read_summaries, recent_versi
 from scoring.rollout.records import Served, decode_served, outcome_record
 from streamrank import clock, keys
 from streamrank.errors import (
+    INTERNAL_RECORD_ERROR,
     UNDECODABLE_BATCH,
     ConfigError,
     ContractError,
@@ -220,7 +221,7 @@ class OutcomesWorker(GroupWorker):
             try:
                 click = self._decode_click(record)
             except Exception as exc:
-                reason = exc.reason if isinstance(exc, ContractError) else "internal_error"
+                reason = exc.reason if isinstance(exc, ContractError) else INTERNAL_RECORD_ERROR
                 self.metrics.skipped_clicks.labels(reason).inc()
                 continue
             if click.action not in self._actions:

@@ -11,8 +11,7 @@ from typing import Any
 import orjson
 from aiokafka import ConsumerRecord
 
-from schemas import RankResult
-from scoring.serving import replies
+from schemas import RankResult, reasons
 from scoring.serving.metrics import ScoringMetrics
 from scoring.serving.service import Ranked
 from streamrank.runtime import logs
@@ -38,7 +37,7 @@ class ReplyWriter:
 
     def reply(self, topic: str, result: RankResult, record: ConsumerRecord[Any, Any]) -> Outgoing:
         """The reply to ``record``'s request, on ``topic``."""
-        error = replies.is_error_reply(result)
+        error = reasons.is_error_reply(result)
         self._metrics.observe_reply(
             degraded=result.degraded, reason=result.reason, error=error, topic=topic
         )

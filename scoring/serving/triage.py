@@ -10,7 +10,15 @@ from typing import Any
 
 from aiokafka import ConsumerRecord
 
-from schemas import DeadLetter, Limits, RankRequest, decode_request, peek_field, peek_request_id
+from schemas import (
+    DeadLetter,
+    Limits,
+    RankRequest,
+    decode_request,
+    peek_field,
+    peek_request_id,
+    reasons,
+)
 from scoring.serving import replies
 from scoring.serving.metrics import ScoringMetrics
 from scoring.serving.outgoing import Outgoing, ReplyWriter
@@ -109,7 +117,7 @@ class Triage:
         result = replies.error_reply(
             request.request_id,
             request.user_id,
-            replies.REPLY_TO_NOT_ALLOWED,
+            reasons.REPLY_TO_NOT_ALLOWED,
             detail,
             now_ms=received,
         )
@@ -142,7 +150,7 @@ class Triage:
         request_id = peek_request_id(record.value, max_length=max_length)
         if request_id is not None:
             result = replies.error_reply(
-                request_id, "", replies.INVALID_REQUEST, f"{exc.reason}: {exc}", now_ms=at
+                request_id, "", reasons.INVALID_REQUEST, f"{exc.reason}: {exc}", now_ms=at
             )
             # The caller listens where it asked to be answered, when that topic is allowed.
             asked = peek_field(record.value, "reply_to", max_length=max_length)

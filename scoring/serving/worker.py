@@ -151,9 +151,9 @@ class ScoringWorker(GroupWorker):
 
         Up to ``scoring_pipeline_depth`` micro-batches are in flight, so one batch's compute
         overlaps the other's waits (Redis round trips, the broker's acks, the commit). All
-        compute stays on the event loop thread: a forward on a second thread measured slower
-        (it waits for the GIL between torch ops). Offsets are still committed in order: a batch
-        commits only after the one before it did.
+        compute stays on the event loop thread: a forward on a second thread is slower (it
+        waits for the GIL between torch ops; docs/scoring.md). Offsets are still committed in
+        order: a batch commits only after the one before it did.
         """
         inflight = self._inflight
         try:

@@ -8,8 +8,7 @@ import orjson
 from aiokafka import ConsumerRecord
 from prometheus_client import CollectorRegistry
 
-from schemas import Limits, RankRequest, decode_dead_letter, decode_result
-from scoring.serving import replies
+from schemas import Limits, RankRequest, decode_dead_letter, decode_result, reasons
 from scoring.serving.metrics import ScoringMetrics
 from scoring.serving.outgoing import ReplyWriter
 from scoring.serving.triage import Routing, Triage
@@ -56,9 +55,9 @@ def test_a_batch_is_split_into_requests_to_rank_and_answers_now() -> None:
     ]
     refused = decode_result(out.outgoing[0].value)
     assert refused.reason is not None
-    assert refused.reason.startswith(replies.REPLY_TO_NOT_ALLOWED)
+    assert refused.reason.startswith(reasons.REPLY_TO_NOT_ALLOWED)
     assert decode_dead_letter(out.outgoing[1].value).offset == 3
-    assert replies.is_error_reply(decode_result(out.outgoing[2].value))
+    assert reasons.is_error_reply(decode_result(out.outgoing[2].value))
     assert metrics.registry.get_sample_value("streamrank_scoring_dead_letters_total", {
         "reason": decode_dead_letter(out.outgoing[3].value).reason
     }) == 1  # fmt: skip
