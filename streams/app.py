@@ -32,6 +32,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from streamrank.kafka import guard as kafka_guard
 from streamrank.runtime import groups
+from streamrank.settings import KafkaSettings, Settings
 from streams.classify import Record
 
 logger = logging.getLogger(__name__)
@@ -188,21 +189,21 @@ def _record(message: Any) -> Record:
     )
 
 
-def _credentials(settings: Any) -> Any:
-    kwargs = settings.kafka_client_kwargs()
-    if settings.kafka_sasl_mechanism:
+def _credentials(kafka: KafkaSettings) -> Any:
+    kwargs = kafka.client_kwargs()
+    if kafka.sasl_mechanism:
         return faust.SASLCredentials(
             username=kwargs["sasl_plain_username"],
             password=kwargs["sasl_plain_password"],
             ssl_context=kwargs.get("ssl_context"),
-            mechanism=settings.kafka_sasl_mechanism,
+            mechanism=kafka.sasl_mechanism,
         )
     if "ssl_context" in kwargs:
         return faust.SSLCredentials(kwargs["ssl_context"])
     return None
 
 
-def create_app(settings: Any, *, handler: BatchHandler) -> FeaturesApp:
+def create_app(settings: Settings, *, handler: BatchHandler) -> FeaturesApp:
     """The features app; ``handler`` applies one batch and returns once it is durable."""
     brokers = [f"kafka://{host.strip()}" for host in settings.kafka_bootstrap.split(",")]
     datadir = Path(settings.run_dir) / "faust"

@@ -14,6 +14,7 @@ from streamrank.redis.client import redis_client
 from streamrank.runtime import groups, health
 from streamrank.runtime.health import Health
 from streamrank.runtime.tasks import cancel_and_wait
+from streamrank.settings import Settings
 from streams.metrics import FeatureMetrics
 
 logger = logging.getLogger(__name__)
@@ -21,7 +22,9 @@ logger = logging.getLogger(__name__)
 READY_CHECKS = ("group", "redis")  # what /readyz of a features worker waits for
 
 
-def watch_membership(app: Any, *, settings: Any, metrics: FeatureMetrics, health_: Health) -> None:
+def watch_membership(
+    app: Any, *, settings: Settings, metrics: FeatureMetrics, health_: Health
+) -> None:
     """Connect the app's rebalance signals and start the registry/health task with the app."""
     registration = groups.Registration(
         redis=None, group=settings.features_app_id, member=app.conf.broker_client_id,

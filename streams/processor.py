@@ -29,6 +29,7 @@ from streamrank.errors import DependencyUnavailable, KafkaUnavailable
 from streamrank.kafka import clients as kafka
 from streamrank.redis.client import redis_client, slot_grouping
 from streamrank.runtime import logs
+from streamrank.settings import Settings
 from streams.classify import Classified, Record, classify
 from streams.metrics import FeatureMetrics
 from streams.windows import windows_from_settings
@@ -56,7 +57,7 @@ class FeatureProcessor:
     def __init__(
         self,
         *,
-        settings: Any,
+        settings: Settings,
         metrics: FeatureMetrics,
         redis: Any = None,
         producer: AIOKafkaProducer | None = None,

@@ -28,6 +28,7 @@ from streamrank import keys
 from streamrank.errors import ConfigError, EmbeddingError, UnknownVersion
 from streamrank.redis.client import client_for_url, redis_client
 from streamrank.redis.errors import redis_call
+from streamrank.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ class EmbeddingStore:
         return cls(redis=client, owns_client=True, **kwargs)
 
     @classmethod
-    def from_settings(cls, settings: Any) -> EmbeddingStore:
+    def from_settings(cls, settings: Settings) -> EmbeddingStore:
         """A store owning a client on the settings' Redis (timeouts, TLS)."""
         return cls(
             redis=redis_client(settings),

@@ -49,7 +49,7 @@ from streamrank.kafka.guard import UndecodableBatch
 from streamrank.redis.client import redis_client
 from streamrank.runtime import groups, health, logs, tasks
 from streamrank.runtime.health import Health
-from streamrank.settings import Settings
+from streamrank.settings import ScoringSettings, Settings
 
 logger = logging.getLogger(__name__)
 
@@ -75,13 +75,13 @@ class _Triage:
     outgoing: list[_Outgoing] = field(default_factory=list)
 
 
-def configure_torch(settings: Settings) -> None:
+def configure_torch(scoring: ScoringSettings) -> None:
     """Torch thread pools from the settings (inter-op can only be set once per process)."""
     import torch
 
-    torch.set_num_threads(settings.torch_threads)
+    torch.set_num_threads(scoring.torch_threads)
     with contextlib.suppress(RuntimeError):
-        torch.set_num_interop_threads(settings.torch_interop_threads)
+        torch.set_num_interop_threads(scoring.torch_interop_threads)
 
 
 def reply_producer(settings: Settings) -> AIOKafkaProducer:
@@ -104,21 +104,21 @@ def request_consumer(settings: Settings, *, group_id: str, client_id: str) -> AI
 
 
 async def next_batch(
-    consumer: AIOKafkaConsumer, settings: Settings
+    consumer: AIOKafkaConsumer, scoring: ScoringSettings
 ) -> list[ConsumerRecord[Any, Any]]:
-    """Up to ``scoring_batch_max`` records: the first wait is open-ended (200 ms polls), then
-    more are gathered for at most ``scoring_batch_wait_ms``."""
-    got = await consumer.getmany(timeout_ms=200, max_records=settings.scoring_batch_max)
+    """Up to ``scoring.batch_max`` records: the first wait is open-ended (200 ms polls), then
+    more are gathered for at most ``scoring.batch_wait_ms``."""
+    got = await consumer.getmany(timeout_ms=200, max_records=scoring.batch_max)
     records = [r for part in got.values() for r in part]
-    if not records or settings.scoring_batch_wait_ms <= 0:
+    if not records or scoring.batch_wait_ms <= 0:
         return records
-    deadline = time.monotonic() + settings.scoring_batch_wait_ms / 1000
-    while len(records) < settings.scoring_batch_max:
+    deadline = time.monotonic() + scoring.batch_wait_ms / 1000
+    while len(records) < scoring.batch_max:
         left_ms = int((deadline - time.monotonic()) * 1000)
         if left_ms <= 0:
             break
         more = await consumer.getmany(
-            timeout_ms=left_ms, max_records=settings.scoring_batch_max - len(records)
+            timeout_ms=left_ms, max_records=scoring.batch_max - len(records)
         )
         records.extend(r for part in more.values() for r in part)
     return records

@@ -8,7 +8,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 
 from streamrank.errors import KafkaUnavailable, StreamrankError
-from streamrank.settings import Settings
+from streamrank.settings import KafkaSettings, Settings
 
 logger = logging.getLogger(__name__)
 
@@ -70,9 +70,9 @@ async def create_topics(
         await admin.close()
 
 
-async def partition_count(settings: Settings, topic: str) -> int:
+async def partition_count(kafka: KafkaSettings, topic: str) -> int:
     """Number of partitions of one topic (0 when it does not exist)."""
-    admin = AIOKafkaAdminClient(**settings.kafka_client_kwargs())
+    admin = AIOKafkaAdminClient(**kafka.client_kwargs())
     await admin.start()
     try:
         described = await admin.describe_topics([topic])

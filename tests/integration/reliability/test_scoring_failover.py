@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from streamrank.settings import Settings
+from streamrank.settings import ScoringSettings, Settings
 from tests.integration.support.reliability import (
     assert_alive,
     assert_all_answered,
@@ -94,7 +94,7 @@ async def test_failover_scenario_degraded_share(
     session, heartbeat, budget, most = SCENARIOS[name]
     with rig(make_settings, unique, tmp_path, tiny_artifacts[0], scoring_budget_ms=budget,
              kafka_session_timeout_ms=session, kafka_heartbeat_interval_ms=heartbeat,
-             breaker_cooldown_s=Settings.model_fields["breaker_cooldown_s"].default) as r:  # fmt: skip
+             breaker_cooldown_s=ScoringSettings.model_fields["breaker_cooldown_s"].default) as r:  # fmt: skip
         await r.prepare()
         first, second = r.worker("scoring", "s1"), r.worker("scoring", "s2")
         r.drive(seconds=38, request_rate=60, users=200)

@@ -47,7 +47,7 @@ def env_names(node: Any) -> set[str]:
 def test_file_parses_and_sets_only_real_settings(path: Path) -> None:
     docs = load_all(path)
     assert docs, f"{path} is empty"
-    fields = {f"STREAMRANK_{name.upper()}" for name in Settings.model_fields}
+    fields = {field.env for field in Settings.env_fields()}
     unknown = set().union(*(env_names(doc) for doc in docs)) - fields
     assert not unknown, f"{path.name} sets variables that are not settings: {sorted(unknown)}"
 

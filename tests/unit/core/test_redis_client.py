@@ -57,7 +57,7 @@ def test_extra_startup_nodes_are_parsed_and_bad_ones_refused() -> None:
     assert {"10.0.0.1:7000", "10.0.0.2:7001", "10.0.0.3:7002"} <= names
     bad = Settings(redis_url="redis+cluster://h:1/0", redis_cluster_nodes=("nohost",))
     with pytest.raises(ValueError, match="host:port"):
-        redis_client(bad)
+        redis_client(bad.redis)
 
 
 @pytest.mark.parametrize(
