@@ -27,7 +27,7 @@ def watch_membership(
 ) -> None:
     """Connect the app's rebalance signals and start the registry/health task with the app."""
     registration = groups.Registration(
-        redis=None, group=settings.features_app_id, member=app.conf.broker_client_id,
+        redis=None, group=settings.features.app_id, member=app.conf.broker_client_id,
         kind="features",
     )  # fmt: skip
     state: dict[str, float | None] = {"revoked_at": time.monotonic()}  # the first join counts
@@ -43,7 +43,7 @@ def watch_membership(
         partitions = {(tp.topic, tp.partition) for tp in tps}
         metrics.assigned(partitions, rebalance_s=took)
         registration.assigned(partitions)
-        health_.set("group", True, f"{len(partitions)} partitions of {settings.topic_clicks}")
+        health_.set("group", True, f"{len(partitions)} partitions of {settings.topics.clicks}")
         logger.info(
             "partitions assigned after %.1fs: %s",
             took,
@@ -54,7 +54,7 @@ def watch_membership(
     app.on_partitions_assigned.connect(assigned)
 
     async def background() -> None:
-        redis = redis_client(settings)
+        redis = redis_client(settings.redis)
         registration.redis = redis
         tasks = [
             asyncio.create_task(health.watch(health_, redis=redis), name="health"),

@@ -203,9 +203,9 @@ class ItemReads:
 
 async def read_user_features(settings: Settings, user_id: str) -> dict[str, Any]:
     """``{"user_id", "sequence": [...] (oldest first), "counters": {...}}`` of one user."""
-    client = redis_client(settings)
+    client = redis_client(settings.redis)
     try:
-        reader = FeatureReader(redis=client, settings=settings)
+        reader = FeatureReader(redis=client, features=settings.features)
         sequences = await reader.get_sequences([user_id])
         counters = await reader.get_counters(user_ids=[user_id])
     finally:

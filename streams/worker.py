@@ -31,14 +31,14 @@ def run_features_worker(settings: Settings, *, metrics_port: int | None = None) 
 
     async def prepare() -> None:
         # A pod that starts before the broker waits for it instead of crash-looping.
-        await kafka.wait_for_broker(settings, what="features worker")
-        await create_topics(settings, topics=(settings.topic_clicks, settings.topic_dead_letters))
+        await kafka.wait_for_broker(settings.kafka, what="features worker")
+        await create_topics(settings, topics=(settings.topics.clicks, settings.topics.dead_letters))
 
     asyncio.run(prepare())
     registry = CollectorRegistry()
     metrics = FeatureMetrics(registry)
     health = Health(READY_CHECKS)
-    port = resolve_port(metrics_port, settings.metrics_port, "features")
+    port = resolve_port(metrics_port, settings.observability.metrics_port, "features")
     serve_metrics(registry, port, health=health)
     processor = FeatureProcessor(settings=settings, metrics=metrics)
     app = create_app(settings, handler=processor.process)
@@ -47,10 +47,10 @@ def run_features_worker(settings: Settings, *, metrics_port: int | None = None) 
     watch_membership(app, settings=settings, metrics=metrics, health_=health)
     logger.info(
         "features worker: group %s, topic %s, path %s, batch %s",
-        settings.features_app_id,
-        settings.topic_clicks,
-        settings.features_path,
-        settings.features_batch_size,
+        settings.features.app_id,
+        settings.topics.clicks,
+        settings.features.path,
+        settings.features.batch_size,
     )
     # Each batch allocates ~10 short-lived objects per event: with the default threshold (700)
     # the cyclic GC runs every few dozen events and rescans the long-lived startup heap
@@ -63,12 +63,12 @@ def run_features_worker(settings: Settings, *, metrics_port: int | None = None) 
     sys.setswitchinterval(0.0005)
     worker = faust.Worker(
         app,
-        loglevel=settings.log_level.lower(),
+        loglevel=settings.observability.log_level.lower(),
         quiet=True,
         redirect_stdouts=False,
         # JSON lines replace Faust's coloured text handler (text keeps Faust's own).
-        logging_config=logs.dict_config(settings.log_level, "json")
-        if settings.log_format == "json"
+        logging_config=logs.dict_config(settings.observability.log_level, "json")
+        if settings.observability.log_format == "json"
         else None,
     )
     try:

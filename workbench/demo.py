@@ -81,7 +81,7 @@ def prepare_model(settings: Settings, *, synthetic: bool, progress: bool = True)
     from scoring.training.synthetic import generate
     from scoring.training.train import TrainConfig, export_artifact, train_and_evaluate
 
-    movielens = Path(settings.data_dir) / "ml-100k"
+    movielens = Path(settings.tools.data_dir) / "ml-100k"
     if not synthetic and movielens.is_dir():
         ds = load_movielens(movielens)
         epochs = DEMO_EPOCHS
@@ -91,7 +91,7 @@ def prepare_model(settings: Settings, *, synthetic: bool, progress: bool = True)
         epochs = 1
         why = "--synthetic" if synthetic else f"no MovieLens at {movielens}"
         say(f"data: synthetic clicks ({why}; {ds.n_events} events, {SYNTHETIC_USERS} users)")
-    root = Path(settings.artifacts_dir)
+    root = Path(settings.tools.artifacts_dir)
     found = _matching_artifact(root, ds.sha256)
     if found is not None:
         say(f"model: reusing artifact {found} (newest trained on this data)")
@@ -99,10 +99,12 @@ def prepare_model(settings: Settings, *, synthetic: bool, progress: bool = True)
     say(f"model: training DIN on {ds.name}, {epochs} epoch(s); "
         f"{'about a minute' if ds.name != 'synthetic' else 'a few seconds'} on 2 cores ...")  # fmt: skip
     cfg = TrainConfig(
-        epochs=epochs, history_len=settings.sequence_length, threads=settings.torch_threads
+        epochs=epochs,
+        history_len=settings.features.sequence_length,
+        threads=settings.scoring.torch_threads,
     )
     result = train_and_evaluate(ds, cfg, progress=progress)
-    path = Path(export_artifact(result, ds, cfg, root, encoding=settings.embedding_encoding))
+    path = Path(export_artifact(result, ds, cfg, root, encoding=settings.embeddings.encoding))
     test = result.metrics["test"]
     say(
         f"model: {path.name} written to {path}; test AUC din {test['din']['auc']:.4f}, "
@@ -162,9 +164,9 @@ def _metrics_port(settings: Settings, kind: str) -> int:
     from streamrank.runtime.metrics_http import DEFAULT_PORTS
     from workbench.devstack.services import free_port, port_in_use
 
-    if settings.metrics_port == 0:
+    if settings.observability.metrics_port == 0:
         return 0
-    port = settings.metrics_port or DEFAULT_PORTS[kind]
+    port = settings.observability.metrics_port or DEFAULT_PORTS[kind]
     return free_port() if port_in_use(port) else port
 
 
@@ -276,7 +278,7 @@ async def run_demo(
     topics = await create_topics(settings)
     say("topics: " + ", ".join(f"{t} ({s})" for t, s in topics.items()))
     artifact = load_artifact(model.path)
-    redis = redis_client(settings)
+    redis = redis_client(settings.redis)
     try:
         published = await ensure_published(redis, artifact)
         previous = await activate_version(redis, artifact.version)
@@ -305,7 +307,9 @@ async def run_demo(
             metrics = f"http://127.0.0.1:{ports[kind]}/metrics" if ports[kind] else "off"
             say(f"{kind} worker pid {handle.pid} ready (log {handle.log_path}; metrics {metrics})")
         user, items, later = pick_user_and_items(
-            model.dataset, horizon=max(1000, int(rate * 30)), max_events=settings.sequence_length
+            model.dataset,
+            horizon=max(1000, int(rate * 30)),
+            max_events=settings.features.sequence_length,
         )
         if view == "top" and not all(ports.values()):
             say("the dashboard reads the workers' /metrics, which are off: showing --view user")
@@ -317,10 +321,10 @@ async def run_demo(
             "to stop"
         )
         say(
-            f"in another shell: streamrank tail {settings.topic_results} --follow | streamrank "
+            f"in another shell: streamrank tail {settings.topics.results} --follow | streamrank "
             "lag --watch | streamrank top | streamrank dlq"
         )
-        producer = kafka.producer(settings, acks="all", linger_ms=5)
+        producer = kafka.producer(settings.kafka, acks="all", linger_ms=5)
         await producer.start()
         clicks = dataset_clicks(model.dataset, run=f"demo-{uuid.uuid4().hex[:6]}")
         requests = rank_requests(model.dataset)
@@ -335,13 +339,13 @@ async def run_demo(
                     due = int(elapsed * rate) - produced
                     for event in (next(clicks) for _ in range(max(0, due))):
                         await producer.send(
-                            settings.topic_clicks, event.to_json(), key=event.user_id.encode()
+                            settings.topics.clicks, event.to_json(), key=event.user_id.encode()
                         )
                     produced += max(0, due)
                     due = int(elapsed * request_rate) - asked
                     for request in (next(requests) for _ in range(max(0, due))):
                         await producer.send(
-                            settings.topic_requests,
+                            settings.topics.requests,
                             request.to_json(),
                             key=request.user_id.encode(),
                         )

@@ -58,13 +58,11 @@ def differences(expected: npt.ArrayLike, online: npt.ArrayLike) -> dict[str, flo
 
 def run_settings(settings: Settings, *, run: str, version: str, max_history: int) -> Settings:
     """Settings of the replay's private topics, groups and workers."""
-    return settings.model_copy(
-        update={
-            **private_run(run),
-            "sequence_length": max_history,
-            "canary_split": f"{version}:1",
-            "served_log_topic": None,
-        }
+    return settings.with_env(
+        **private_run(run),
+        STREAMRANK_SEQUENCE_LENGTH=max_history,
+        STREAMRANK_CANARY_SPLIT=f"{version}:1",
+        STREAMRANK_SERVED_LOG_TOPIC=None,
     )
 
 
@@ -133,8 +131,10 @@ async def run_replay(
     started = time.perf_counter()
     seconds: dict[str, float] = {}
     run = f"replay-{uuid.uuid4().hex[:8]}"
-    max_history = int(artifact.config.get("train", {}).get("history_len", settings.sequence_length))
-    redis = redis_client(settings)
+    max_history = int(
+        artifact.config.get("train", {}).get("history_len", settings.features.sequence_length)
+    )
+    redis = redis_client(settings.redis)
     try:
         published = await ensure_published(redis, artifact, encoding=encoding, progress=progress)
         version, enc = published["version"], published["encoding"]
@@ -145,15 +145,15 @@ async def run_replay(
         await create_topics(rs)
 
         mark = time.perf_counter()
-        # The worker serves the dense weights as settings.scoring_dense_weights: so does this.
-        dense = settings.scoring_dense_weights
+        # The worker serves the dense weights as settings.scoring.dense_weights: so does this.
+        dense = settings.scoring.dense_weights
         expected = offline_scores(
             artifact, cases, encoding=enc, max_history=max_history, dense=dense
         )
         fp32 = offline_scores(artifact, cases, encoding="fp32", max_history=max_history)
         seconds["offline"] = time.perf_counter() - mark
 
-        logs = Path(rs.run_dir) / run
+        logs = Path(rs.tools.run_dir) / run
         mark = time.perf_counter()
         features = start_worker("features", rs, log_path=logs / "features-worker.log")
         scoring = start_worker("scoring", rs, log_path=logs / "scoring-worker.log")
@@ -220,7 +220,7 @@ async def run_replay(
             "p99": round(float(np.percentile(latencies, 99)), 2) if latencies else None,
         },
         "activated": activate,
-        "redis": settings.redis_mode,
+        "redis": settings.redis.mode,
         "run": run,
         "seconds": {k: round(v, 2) for k, v in seconds.items()},
     }

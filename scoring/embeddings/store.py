@@ -99,11 +99,11 @@ class EmbeddingStore:
     def from_settings(cls, settings: Settings) -> EmbeddingStore:
         """A store owning a client on the settings' Redis (timeouts, TLS)."""
         return cls(
-            redis=redis_client(settings),
+            redis=redis_client(settings.redis),
             owns_client=True,
-            fetch_mode=settings.embedding_fetch_mode,
-            configure_redis=settings.embedding_configure_redis,
-            shards=settings.embedding_shards,
+            fetch_mode=settings.embeddings.fetch_mode,
+            configure_redis=settings.embeddings.configure_redis,
+            shards=settings.embeddings.shards,
         )
 
     async def close(self) -> None:

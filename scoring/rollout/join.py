@@ -299,11 +299,11 @@ class JoinConfig:
     @classmethod
     def from_settings(cls, settings: Settings) -> JoinConfig:
         return cls(
-            window_ms=settings.outcome_window_s * 1000,
-            close_delay_ms=settings.outcome_close_delay_s * 1000,
-            bucket_s=settings.outcome_bucket_s,
-            seen_ttl_ms=settings.dedupe_ttl_s * 1000,
-            stats_ttl_ms=settings.outcome_retention_s * 1000,
+            window_ms=settings.outcomes.window_s * 1000,
+            close_delay_ms=settings.outcomes.close_delay_s * 1000,
+            bucket_s=settings.outcomes.bucket_s,
+            seen_ttl_ms=settings.features.dedupe_ttl_s * 1000,
+            stats_ttl_ms=settings.outcomes.retention_s * 1000,
         )
 
     @property

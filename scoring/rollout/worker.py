@@ -92,24 +92,24 @@ class OutcomesWorker:
         export_every_s: float | None = None,
         health: Health | None = None,
     ) -> None:
-        if not settings.served_log_topic:
+        if not settings.topics.served_log:
             raise ConfigError(
                 "the outcomes worker reads the served log: set STREAMRANK_SERVED_LOG_TOPIC (the "
                 "same topic the scoring workers write to)"
             )
-        require_single_redis(settings)
+        require_single_redis(settings.redis)
         self.settings = settings
         self.metrics = OutcomeMetrics(registry)
         self.health = health if health is not None else Health(READY_CHECKS)
-        self.client_id = groups.client_id("outcomes", settings.kafka_group_instance_id)
+        self.client_id = groups.client_id("outcomes", settings.kafka.group_instance_id)
         self._registration: groups.Registration | None = None
         self.config = JoinConfig.from_settings(settings)
-        self._limits = Limits.from_settings(settings)
-        self._actions = frozenset(settings.outcome_actions)
+        self._limits = Limits.from_settings(settings.limits)
+        self._actions = frozenset(settings.outcomes.actions)
         self._clock = clock_ms
         self._close_every_s = close_every_s
         self._export_every_s = (
-            settings.outcomes_export_interval_s if export_every_s is None else export_every_s
+            settings.outcomes.export_interval_s if export_every_s is None else export_every_s
         )
         self._redis: aioredis.Redis | None = None
         self._store: OutcomeStore | None = None
@@ -126,29 +126,29 @@ class OutcomesWorker:
 
     async def start(self) -> None:
         s = self.settings
-        assert s.served_log_topic is not None
+        assert s.topics.served_log is not None
         from streamrank.kafka.topics import create_topics
 
-        self._redis = redis_client(s, timeout_s=s.outcomes_redis_timeout_s)
+        self._redis = redis_client(s.redis, timeout_s=s.outcomes.redis_timeout_s)
         self._store = OutcomeStore(redis=self._redis)
-        topics = [s.served_log_topic, s.topic_clicks]
-        self._producer = kafka.producer(s, acks="all", linger_ms=5)
+        topics = [s.topics.served_log, s.topics.clicks]
+        self._producer = kafka.producer(s.kafka, acks="all", linger_ms=5)
         self._registration = groups.Registration(
-            redis=self._redis, group=s.outcomes_group_id, member=self.client_id, kind="outcomes"
+            redis=self._redis, group=s.outcomes.group_id, member=self.client_id, kind="outcomes"
         )
         self._consumer = kafka.consumer(
-            s,
-            group_id=s.outcomes_group_id,
+            s.kafka,
+            group_id=s.outcomes.group_id,
             client_id=self.client_id,
-            **kafka.group_kwargs(s),
+            **kafka.group_kwargs(s.kafka),
             enable_auto_commit=False,
             auto_offset_reset="earliest",
-            max_poll_records=s.outcomes_batch_max,
+            max_poll_records=s.outcomes.batch_max,
         )
         self._consumer.subscribe(topics, listener=_Membership(self.health, self._registration))
         try:
-            wanted = (*topics, s.topic_dead_letters) + (
-                (s.outcomes_topic,) if s.outcomes_topic else ()
+            wanted = (*topics, s.topics.dead_letters) + (
+                (s.topics.outcomes,) if s.topics.outcomes else ()
             )
             await create_topics(s, topics=wanted)
             await self._producer.start()
@@ -156,7 +156,7 @@ class OutcomesWorker:
         except KafkaError as exc:
             await self.stop()
             raise KafkaUnavailable(
-                f"cannot reach Kafka at {s.kafka_bootstrap}: {exc}; is the stack up?"
+                f"cannot reach Kafka at {s.kafka.bootstrap}: {exc}; is the stack up?"
             ) from exc
         self._tasks = [
             asyncio.create_task(self._every(self._close_every_s, self.close_due), name="closer"),
@@ -173,13 +173,13 @@ class OutcomesWorker:
             "%s %s and %s as group %s (window %ss, close delay %ss, buckets of %ss; outcomes to "
             "%s)",
             READY,
-            s.served_log_topic,
-            s.topic_clicks,
-            s.outcomes_group_id,
-            s.outcome_window_s,
-            s.outcome_close_delay_s,
-            s.outcome_bucket_s,
-            s.outcomes_topic or "no topic",
+            s.topics.served_log,
+            s.topics.clicks,
+            s.outcomes.group_id,
+            s.outcomes.window_s,
+            s.outcomes.close_delay_s,
+            s.outcomes.bucket_s,
+            s.topics.outcomes or "no topic",
         )
 
     async def stop(self) -> None:
@@ -217,7 +217,7 @@ class OutcomesWorker:
         assert self._consumer is not None
         while not self._stopping.is_set():
             got = await self._consumer.getmany(
-                timeout_ms=200, max_records=self.settings.outcomes_batch_max
+                timeout_ms=200, max_records=self.settings.outcomes.batch_max
             )
             records = [r for part in got.values() for r in part]
             if records and await self.process(records):
@@ -242,7 +242,7 @@ class OutcomesWorker:
                 if self._stopping.is_set():
                     return False
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self.settings.features_retry_max_s)
+                delay = min(delay * 2, self.settings.features.retry_max_s)
         if failing:
             logger.info("Redis answers again; the outcome join continues")
         self.metrics.observe_join(counts)
@@ -260,7 +260,7 @@ class OutcomesWorker:
         letters: list[tuple[bytes, bytes]] = []
         horizon = self._clock() - self.config.window_ms - self.config.close_delay_ms
         for record in records:
-            if record.topic == s.served_log_topic:
+            if record.topic == s.topics.served_log:
                 try:
                     served.append(self._decode_served(record))
                 except Exception as exc:
@@ -310,7 +310,7 @@ class OutcomesWorker:
         while True:
             try:
                 futures = [
-                    await self._producer.send(self.settings.topic_dead_letters, value, key=key)
+                    await self._producer.send(self.settings.topics.dead_letters, value, key=key)
                     for key, value in letters
                 ]
                 await asyncio.gather(*futures)
@@ -359,7 +359,7 @@ class OutcomesWorker:
             )
             if not claimed:
                 return closed
-            topic = self.settings.outcomes_topic
+            topic = self.settings.topics.outcomes
             if topic:
                 assert self._producer is not None
                 futures = [

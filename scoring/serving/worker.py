@@ -86,20 +86,20 @@ def configure_torch(scoring: ScoringSettings) -> None:
 
 def reply_producer(settings: Settings) -> AIOKafkaProducer:
     """The producer of replies (and dead letters): every broker acknowledgement awaited."""
-    return kafka.producer(settings, acks="all", linger_ms=1)
+    return kafka.producer(settings.kafka, acks="all", linger_ms=1)
 
 
 def request_consumer(settings: Settings, *, group_id: str, client_id: str) -> AIOKafkaConsumer:
     """The consumer of rank requests, offsets committed by the worker after the replies."""
     return kafka.consumer(
-        settings,
+        settings.kafka,
         group_id=group_id,
         client_id=client_id,
-        **kafka.group_kwargs(settings),
+        **kafka.group_kwargs(settings.kafka),
         enable_auto_commit=False,
         auto_offset_reset="earliest",
-        max_poll_records=settings.scoring_batch_max,
-        fetch_max_wait_ms=settings.scoring_fetch_wait_ms,
+        max_poll_records=settings.scoring.batch_max,
+        fetch_max_wait_ms=settings.scoring.fetch_wait_ms,
     )
 
 
@@ -133,14 +133,14 @@ def real_dependencies(
     from scoring.model.registry import load_scorer_from_redis
     from streams.reader import FeatureReader
 
-    features = FeatureReader(redis=redis, settings=settings)
+    features = FeatureReader(redis=redis, features=settings.features)
     embeddings = CachedEmbeddings.from_settings(
-        store=EmbeddingStore(redis=redis), settings=settings, registry=metrics.registry
+        store=EmbeddingStore(redis=redis), embeddings=settings.embeddings, registry=metrics.registry
     )
 
     async def loader(version: str) -> Any:
         scorer, config = await load_scorer_from_redis(
-            redis, version, dense=settings.scoring_dense_weights
+            redis, version, dense=settings.scoring.dense_weights
         )
         metrics.model_encoding(version, str(config.get("encoding", "unknown")))
         return scorer
@@ -164,12 +164,12 @@ class ScoringWorker:
         self.settings = settings
         self.metrics = ScoringMetrics(registry)
         self.health = health if health is not None else Health(READY_CHECKS)
-        self._group_id = settings.scoring_group_id
-        self.client_id = groups.client_id("scoring", settings.kafka_group_instance_id)
+        self._group_id = settings.scoring.group_id
+        self.client_id = groups.client_id("scoring", settings.kafka.group_instance_id)
         self._registration: groups.Registration | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._revoked_at: float | None = None
-        self._limits = Limits.from_settings(settings)
+        self._limits = Limits.from_settings(settings.limits)
         self._injected = (features, embeddings, loader)
         self._redis: aioredis.Redis | None = None
         self._consumer: AIOKafkaConsumer | None = None
@@ -177,7 +177,7 @@ class ScoringWorker:
         self.watcher: VersionWatcher | None = None
         self.service: RankService | None = None
         self._stopping = asyncio.Event()
-        self._offsets = OffsetBook(commit_interval_s=settings.scoring_commit_interval_ms / 1000)
+        self._offsets = OffsetBook(commit_interval_s=settings.scoring.commit_interval_ms / 1000)
         self._inflight: collections.deque[asyncio.Task[bool]] = collections.deque()
         self._holding_commits = False  # a revoke is committing: batches only record offsets
         self.rebalance = RebalanceListener(
@@ -198,24 +198,28 @@ class ScoringWorker:
 
     async def start(self) -> None:
         s = self.settings
-        configure_torch(s)
+        configure_torch(s.scoring)
         # A request may wait for Redis up to its deadline (RankService bounds each wait), so the
         # socket timeout must not cut it shorter than the default budget.
-        self._redis = redis_client(s, timeout_s=max(s.redis_timeout_s, s.scoring_budget_ms / 1000))
+        self._redis = redis_client(
+            s.redis, timeout_s=max(s.redis.timeout_s, s.scoring.budget_ms / 1000)
+        )
         features, embeddings, loader = self._injected
         if features is None or embeddings is None or loader is None:
             features, embeddings, loader = real_dependencies(s, self._redis, self.metrics)
-        breaker = CircuitBreaker(failures=s.breaker_failures, cooldown_s=s.breaker_cooldown_s)
-        recent = RecentIds(s.cache_warm_top_k)
+        breaker = CircuitBreaker(
+            failures=s.scoring.breaker_failures, cooldown_s=s.scoring.breaker_cooldown_s
+        )
+        recent = RecentIds(s.embeddings.cache_warm_top_k)
         self.watcher = VersionWatcher(
             redis=self._redis,
             loader=loader,
             embeddings=embeddings,
             metrics=self.metrics,
-            static_split=s.canary_split,
+            static_split=s.scoring.canary_split,
             recent=recent,
-            warm_top_k=s.cache_warm_top_k,
-            poll_s=s.scoring_poll_s,
+            warm_top_k=s.embeddings.cache_warm_top_k,
+            poll_s=s.scoring.poll_s,
         )
         watcher = self.watcher
         self.service = RankService(
@@ -224,11 +228,11 @@ class ScoringWorker:
             serving=lambda: watcher.current,
             breaker=breaker,
             metrics=self.metrics,
-            sequence_length=s.sequence_length,
-            forward_mode=s.scoring_forward,
-            log_served=s.served_log_topic is not None,
+            sequence_length=s.features.sequence_length,
+            forward_mode=s.scoring.forward,
+            log_served=s.topics.served_log is not None,
             recent=recent,
-            margin=DeadlineMargin(cap_ms=s.scoring_budget_ms / 2),
+            margin=DeadlineMargin(cap_ms=s.scoring.budget_ms / 2),
         )
         try:
             await self.watcher.refresh()
@@ -247,11 +251,11 @@ class ScoringWorker:
         ]
         self._producer = reply_producer(s)
         consumer = request_consumer(s, group_id=self._group_id, client_id=self.client_id)
-        consumer.subscribe([s.topic_requests], listener=self.rebalance)
+        consumer.subscribe([s.topics.requests], listener=self.rebalance)
         self._revoked_at = time.monotonic()  # the first join counts as a rebalance too
         try:
             await kafka.start_with_retry(
-                s, [self._producer.start, consumer.start], what="scoring worker"
+                s.kafka, [self._producer.start, consumer.start], what="scoring worker"
             )
         except BaseException:  # not reachable in time, or stopped while waiting
             self._consumer = consumer
@@ -261,10 +265,10 @@ class ScoringWorker:
         logger.info(
             "scoring worker consuming %s as group %s (isolation_level %s, replies compressed "
             "with %s); serving %s",
-            s.topic_requests,
+            s.topics.requests,
             self._group_id,
             consumer._isolation_level,
-            s.kafka_compression,
+            s.kafka.compression,
             self.watcher.describe(),
         )
 
@@ -305,7 +309,7 @@ class ScoringWorker:
         if self._registration is not None:
             self._registration.assigned(partitions)
         self.health.set(
-            "group", True, f"{len(partitions)} partitions of {self.settings.topic_requests}"
+            "group", True, f"{len(partitions)} partitions of {self.settings.topics.requests}"
         )
         logger.info(
             "partitions assigned after %.1fs: %s",
@@ -327,7 +331,7 @@ class ScoringWorker:
 
     async def _next_batch(self) -> list[ConsumerRecord[Any, Any]]:
         assert self._consumer is not None
-        return await next_batch(self._consumer, self.settings)
+        return await next_batch(self._consumer, self.settings.scoring)
 
     async def run(self) -> None:
         """Consume until :meth:`request_stop` (or cancellation).
@@ -343,7 +347,7 @@ class ScoringWorker:
             while not self._stopping.is_set():
                 while inflight and inflight[0].done():
                     inflight.popleft().result()
-                if len(inflight) >= self.settings.scoring_pipeline_depth:
+                if len(inflight) >= self.settings.scoring.pipeline_depth:
                     await asyncio.wait({inflight[0]})
                     continue
                 rewinds = self._offsets.rewinds
@@ -447,7 +451,7 @@ class ScoringWorker:
             try:
                 request = self._decode(record)
                 topic = replies.reply_topic(
-                    request.reply_to, default=s.topic_results, allowed=s.reply_topics_allowed
+                    request.reply_to, default=s.topics.results, allowed=s.topics.reply_allowed
                 )
                 if topic is None:
                     detail = f"reply_to {request.reply_to!r} is not in reply_topics_allowed"
@@ -458,10 +462,10 @@ class ScoringWorker:
                         detail,
                         now_ms=received,
                     )
-                    out.outgoing.append(self._reply(s.topic_results, result, record))
+                    out.outgoing.append(self._reply(s.topics.results, result, record))
                     continue
                 deadline = replies.deadline_ms(
-                    request, produced_ms=int(record.timestamp), budget_ms=s.scoring_budget_ms
+                    request, produced_ms=int(record.timestamp), budget_ms=s.scoring.budget_ms
                 )
             except Exception as exc:
                 # A contract breach, or a bug of ours on input nobody foresaw: only this record
@@ -477,7 +481,7 @@ class ScoringWorker:
 
     def _replies(self, triage: _Triage, ranked: Sequence[Ranked]) -> list[_Outgoing]:
         """The replies of ranked requests, and their served-log records when logging."""
-        log_topic = self.settings.served_log_topic
+        log_topic = self.settings.topics.served_log
         out: list[_Outgoing] = []
         for topic, record, item in zip(triage.topics, triage.records, ranked, strict=True):
             out.append(self._reply(topic, item.result, record))
@@ -540,7 +544,7 @@ class ScoringWorker:
             },
         )
         letter = DeadLetter.rejected(record, exc, at=at)
-        out = [_Outgoing(s.topic_dead_letters, record.key or b"", letter.to_json())]
+        out = [_Outgoing(s.topics.dead_letters, record.key or b"", letter.to_json())]
         if exc.reason == UNDECODABLE_BATCH:
             return out  # no request in it can be read, so no one to answer
         request_id = peek_request_id(record.value, max_length=self._limits.max_id_length)
@@ -551,10 +555,10 @@ class ScoringWorker:
             # The caller listens where it asked to be answered, when that topic is allowed.
             topic = replies.reply_topic(
                 peek_field(record.value, "reply_to", max_length=self._limits.max_id_length),
-                default=s.topic_results,
-                allowed=s.reply_topics_allowed,
+                default=s.topics.results,
+                allowed=s.topics.reply_allowed,
             )
-            out.append(self._reply(topic or s.topic_results, result, record))
+            out.append(self._reply(topic or s.topics.results, result, record))
         return out
 
     async def _produce(

@@ -256,18 +256,16 @@ async def _run(args: argparse.Namespace, base: Settings, stack_kind: str) -> dic
 
     tag = uuid.uuid4().hex[:8]
     version = f"bench-din-{tag}"
-    settings = base.model_copy(
-        update={
-            "topic_requests": f"bench-rank-requests-{tag}",
-            "topic_results": f"bench-rank-results-{tag}",
-            "topic_dead_letters": f"bench-dead-letters-{tag}",
-            "sequence_length": args.history,
-        }
+    settings = base.with_env(
+        STREAMRANK_TOPIC_REQUESTS=f"bench-rank-requests-{tag}",
+        STREAMRANK_TOPIC_RESULTS=f"bench-rank-results-{tag}",
+        STREAMRANK_TOPIC_DEAD_LETTERS=f"bench-dead-letters-{tag}",
+        STREAMRANK_SEQUENCE_LENGTH=args.history,
     )
     naive_settings = phase_settings(settings, "naive")
-    await create_topics(settings, topics=(settings.topic_dead_letters,
+    await create_topics(settings, topics=(settings.topics.dead_letters,
                                           *phase_topics(naive_settings)))  # fmt: skip
-    redis = redis_client(settings, timeout_s=30)
+    redis = redis_client(settings.redis, timeout_s=30)
     timings: dict[str, float] = {}
     rates = [float(r) for r in args.rates.split(",") if r.strip()]
     n_rate = sum(int(r * args.rate_seconds) for r in rates)
@@ -307,9 +305,9 @@ async def _run(args: argparse.Namespace, base: Settings, stack_kind: str) -> dic
             bytes_per_user = (await used_memory(redis) - memory) / args.users
             result = await _measure(args, settings, naive_settings, version, requests, modes,
                                     rates)  # fmt: skip
-            configure_torch(settings)  # the same thread settings as the worker
+            configure_torch(settings.scoring)  # the same thread settings as the worker
             fwd = forward_only(scorer, table, requests[:512], histories,
-                               batch=settings.scoring_batch_max)  # fmt: skip
+                               batch=settings.scoring.batch_max)  # fmt: skip
             result["forward_only_rps"] = max(fwd.values())
             result["forward_only_rps_by_mode"] = fwd
             # used_memory (summed over masters) grown by the int8 item table (its rows, bucket
@@ -344,12 +342,12 @@ async def _run(args: argparse.Namespace, base: Settings, stack_kind: str) -> dic
     result["config"] = {
         "items": args.items, "candidates": args.candidates, "history": args.history,
         "users": args.users, "zipf": args.zipf, "saturation_requests": args.saturation_requests,
-        "rate_seconds": args.rate_seconds, "batch_max": settings.scoring_batch_max,
-        "batch_wait_ms": settings.scoring_batch_wait_ms, "torch_threads": settings.torch_threads,
+        "rate_seconds": args.rate_seconds, "batch_max": settings.scoring.batch_max,
+        "batch_wait_ms": settings.scoring.batch_wait_ms, "torch_threads": settings.scoring.torch_threads,
         "workers": args.workers,
-        "pipeline_depth": settings.scoring_pipeline_depth,
+        "pipeline_depth": settings.scoring.pipeline_depth,
         "cpus": os.cpu_count(), "stack": stack_kind, "encoding": "int8",
-        "redis": settings.redis_mode,
+        "redis": settings.redis.mode,
     }  # fmt: skip
     result["setup"] = timings
     return result
@@ -387,8 +385,8 @@ async def _measure(
                          STREAMRANK_SCORING_GROUP_ID=f"bench-scoring-{version}-{mode}")  # fmt: skip
         with contextlib.ExitStack() as workers:
             procs = [workers.enter_context(worker_process(cli, env)) for _ in range(args.workers)]
-            async with Driver(settings=settings, requests_topic=mode_settings.topic_requests,
-                              results_topic=mode_settings.topic_results) as driver:  # fmt: skip
+            async with Driver(settings=settings, requests_topic=mode_settings.topics.requests,
+                              results_topic=mode_settings.topics.results) as driver:  # fmt: skip
                 await warm_up(driver, take(200))
                 if args.workers > 1:
                     # The first reply came from the first worker to join; the others' joins
@@ -429,8 +427,8 @@ async def _measure(
                      STREAMRANK_BENCH_MODEL_VERSION=version,
                      STREAMRANK_SCORING_GROUP_ID=f"bench-naive-{version}")  # fmt: skip
     with worker_process(naive_cli, env) as proc:
-        async with Driver(settings=naive_settings, requests_topic=naive_settings.topic_requests,
-                          results_topic=naive_settings.topic_results) as driver:  # fmt: skip
+        async with Driver(settings=naive_settings, requests_topic=naive_settings.topics.requests,
+                          results_topic=naive_settings.topics.results) as driver:  # fmt: skip
             await warm_up(driver, take(10))
             cpu0 = process_cpu_seconds(proc.pid)
             rps, stats = await driver.saturate(take(args.naive_requests))
@@ -446,16 +444,14 @@ def phase_settings(settings: Settings, phase: str) -> Settings:
     earliest offset and must not answer the previous phases' requests again, and a phase's
     replies are read from a topic the earlier phases did not fill (the embedded broker's fetches
     slow down as a partition grows)."""
-    return settings.model_copy(
-        update={
-            "topic_requests": f"{settings.topic_requests}-{phase}",
-            "topic_results": f"{settings.topic_results}-{phase}",
-        }
+    return settings.with_env(
+        STREAMRANK_TOPIC_REQUESTS=f"{settings.topics.requests}-{phase}",
+        STREAMRANK_TOPIC_RESULTS=f"{settings.topics.results}-{phase}",
     )
 
 
 def phase_topics(settings: Settings) -> tuple[str, str]:
-    return settings.topic_requests, settings.topic_results
+    return settings.topics.requests, settings.topics.results
 
 
 async def latency_at(
@@ -478,14 +474,14 @@ async def _measure_echo(
 ) -> dict[str, Any]:
     """The floor: the echo worker (:mod:`workbench.bench.echo`) on its own request topic,
     saturated then at the same offered rates."""
-    echo_settings = phase_settings(settings, "echo").model_copy(
-        update={"scoring_group_id": f"bench-echo-{version}"}
+    echo_settings = phase_settings(settings, "echo").with_env(
+        STREAMRANK_SCORING_GROUP_ID=f"bench-echo-{version}"
     )
     await create_topics(echo_settings, topics=phase_topics(echo_settings))
     cli = [sys.executable, "-m", "workbench.bench.echo"]
     with worker_process(cli, worker_env(echo_settings)) as proc:
-        async with Driver(settings=echo_settings, requests_topic=echo_settings.topic_requests,
-                          results_topic=echo_settings.topic_results) as driver:  # fmt: skip
+        async with Driver(settings=echo_settings, requests_topic=echo_settings.topics.requests,
+                          results_topic=echo_settings.topics.results) as driver:  # fmt: skip
             await warm_up(driver, take(200))
             cpu0 = process_cpu_seconds(proc.pid)
             loadgen = LoadgenCpu()

@@ -14,7 +14,7 @@ async def serve(worker: Any, settings: Settings, metrics_port: int | None) -> No
     """Run one scoring worker until it is stopped (``worker.request_stop``) or cancelled."""
     from streamrank.runtime.metrics_http import resolve_port, serve_metrics
 
-    port = resolve_port(metrics_port, settings.metrics_port, "scoring")
+    port = resolve_port(metrics_port, settings.observability.metrics_port, "scoring")
     server = serve_metrics(worker.metrics.registry, port, health=worker.health)
     try:
         async with worker:
@@ -73,7 +73,7 @@ async def canary(settings: Settings, split: str | None) -> dict[str, Any]:
     from scoring.model.versions import set_split
     from streamrank import keys
 
-    client = redis_client(settings)
+    client = redis_client(settings.redis)
     try:
         parsed = await set_split(client, split)
         active = await client.get(keys.active_model())

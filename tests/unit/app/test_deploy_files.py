@@ -214,8 +214,8 @@ def test_keda_scaled_objects_scale_each_worker_on_its_group_lag_up_to_the_partit
     partitions = int(settings["STREAMRANK_TOPIC_PARTITIONS"])
     defaults = Settings()
     expected = {
-        "streamrank-features": (defaults.features_app_id, defaults.topic_clicks),
-        "streamrank-scoring": (defaults.scoring_group_id, defaults.topic_requests),
+        "streamrank-features": (defaults.features.app_id, defaults.topics.clicks),
+        "streamrank-scoring": (defaults.scoring.group_id, defaults.topics.requests),
     }
     scaled = load_all(K8S / "keda/scaledobjects.yaml")
     assert {d["spec"]["scaleTargetRef"]["name"] for d in scaled} == set(expected)
