@@ -1,11 +1,12 @@
-"""Message contracts: Python types (``schemas.messages``), their decoders (``schemas.decode``) and
-JSON Schema files (``*.schema.json``)."""
+"""Message contracts: Python types (``schemas.messages``), their decoders (``schemas.decode``), the
+reply reason codes (``schemas.reasons``) and JSON Schema files (``*.schema.json``)."""
 
 from importlib.resources import files
 from typing import Any
 
 import orjson
 
+from schemas import reasons
 from schemas.decode import (
     decode_click,
     decode_dead_letter,
@@ -23,6 +24,7 @@ from schemas.messages import (
     RankRequest,
     RankResult,
 )
+from schemas.reasons import is_error_reply, reason_code
 
 SCHEMA_FILES = {
     "ClickEvent": "click_event.schema.json",
@@ -51,7 +53,10 @@ __all__ = [
     "decode_dead_letter",
     "decode_request",
     "decode_result",
+    "is_error_reply",
     "json_schema",
     "peek_field",
     "peek_request_id",
+    "reason_code",
+    "reasons",
 ]

@@ -18,8 +18,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from schemas import RankRequest, RankResult, decode_result
-from scoring.serving.replies import is_error_reply
+from schemas import RankRequest, RankResult, decode_result, is_error_reply
 from streamrank.errors import ContractError, KafkaUnavailable, StreamrankError
 from streamrank.kafka import clients as kafka
 from streamrank.runtime import tasks

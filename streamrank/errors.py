@@ -35,8 +35,10 @@ class ContractError(StreamrankError):
         self.reason = reason
 
 
-INTERNAL_ERROR = "internal_error"  # dead-letter reason: an unexpected exception on one record
-UNDECODABLE_BATCH = "undecodable_batch"  # dead-letter reason: a record batch was skipped
+# Reasons of a record that could not be processed (dead letters, metric labels); a reply's
+# reason "internal_error" is another code, of another message (schemas.reasons.INTERNAL_ERROR).
+INTERNAL_RECORD_ERROR = "internal_error"  # an unexpected exception on one record
+UNDECODABLE_BATCH = "undecodable_batch"  # a record batch was skipped
 
 
 def one_line(exc: BaseException) -> str:
@@ -48,7 +50,7 @@ def one_line(exc: BaseException) -> str:
 def internal_error(exc: BaseException) -> ContractError:
     """An unexpected exception on one record, as the error that dead-letters that record (and
     only it): reason ``internal_error``, message the exception's one-line summary."""
-    return ContractError(one_line(exc), reason=INTERNAL_ERROR)
+    return ContractError(one_line(exc), reason=INTERNAL_RECORD_ERROR)
 
 
 class DependencyUnavailable(StreamrankError):

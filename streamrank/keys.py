@@ -5,47 +5,163 @@ One contract for standalone Redis, Sentinel and Redis Cluster. Every key carries
 one tag always share a hash slot, and every multi-key operation of streamrank (a Lua script, an
 ``MGET``) touches keys of one tag only. On standalone Redis the braces are plain characters.
 
-=====================================  ======  ============================================
-Online outcomes and rollouts (not yet cluster-safe: the join script touches one user's keys together
-with the global ``due``/``stats``/``versions`` keys, so the outcomes worker and the rollout run
-on a standalone or Sentinel Redis only, and refuse a Redis Cluster with a clear error; every
-per-user and per-request key takes the user id first, so a re-tagging happens in these
-functions alone):
+Every key builder below has one row (``tests/unit/core/test_keys_table.py`` checks it): the key,
+its type, what it holds, how long it lives, who writes it and who reads it.
 
-====================================  ======  ====================================================
-key                                   type    contents
-====================================  ======  ====================================================
-``sr:out:open:{user_id}``             hash    the user's served records whose attribution window
-                                              is open: field = request_id, value = the pending
-                                              record (JSON: version, served_at, items, scores,
-                                              ranks, clicks so far, its stats key). TTL: window +
-                                              close delay + margin, renewed on every write.
-``sr:out:items:{user_id}``            hash    last-touch index: field = item id, value = the
-                                              ``\x1f``-joined request ids of the user's open
-                                              records that ranked the item (newest last).
-``sr:out:clicks:{user_id}``           zset    the user's clicks no open record claimed yet
-                                              (score = click ts, member = ``event_id \x1f
-                                              item_id``): a served record processed after its
-                                              click still gets it. Same TTL.
-``sr:out:seen:{user_id}:{request_id}``
-                                      string  "1" once a served record is joined (dedupe under
-                                              redelivery); TTL ``dedupe_ttl_s``.
-``sr:out:due``                        zset    open records by close time (member = ``user_id
-                                              \x1f request_id``, score = epoch ms); a closer
-                                              claims entries by moving them forward.
-``sr:out:stats:{bucket_s}:{version}:{start}``
-                                      hash    one version's online statistics of the requests
-                                              served in one time bucket (``start`` = bucket
-                                              start, epoch s): counters, sums and score/latency
-                                              histograms (scoring.rollout.stats). TTL
-                                              ``outcome_retention_s``.
-``sr:out:versions``                   zset    versions that have statistics (score = the latest
-                                              served_at, epoch ms).
-``sr:rollout:state``                  hash    the staged rollout (new, old, steps, step, since,
-                                              status, guard ...; ``rev`` counts transitions).
-``sr:rollout:history``                list    the rollout's decisions, JSON, oldest first.
-``sr:rollout:lease``                  string  the driver holding the lease (owner id); PX TTL.
-====================================  ======  ====================================================
+====================  ======  ======================================================================
+builder               type    key, contents, lifetime, writer and readers
+====================  ======  ======================================================================
+sequence              zset    ``sr:{u:<user>}:seq``: the user's latest events; score = event ts
+                              (epoch ms), member = ``event_id \\x1f item_id \\x1f category``
+                              (:func:`sequence_member`). Equal scores sort by member bytes, i.e. by
+                              event_id: the (ts, event_id) order the offline training code uses.
+                              Lifetime: capped at ``sequence_length``; TTL ``sequence_ttl_s``,
+                              renewed on every write.
+                              Writer: features workers (streams.writer). Readers: scoring workers
+                              and ``streamrank features`` (streams.reader).
+seen                  string  ``sr:{u:<user>}:seen:<event_id>``: "1" once the event's effects on its
+                              user's keys are applied (dedupe for at-least-once replays); per user,
+                              so the marker and the effects it gates share a slot.
+                              Lifetime: TTL ``dedupe_ttl_s``.
+                              Writer and reader: the features workers' batch script
+                              (streams.writer, ``SET NX``).
+user_counter_bucket   hash    ``sr:{u:<user>}:cnt:<res>:<start>``: one user's clicks in one time
+                              bucket; ``res`` = bucket size in seconds (``counter_bucket_s`` for
+                              the 1 h window, ``counter_coarse_bucket_s`` for 24 h), ``start`` =
+                              bucket start (epoch s). Fields: ``n`` (clicks); coarse buckets also
+                              ``c:<category>`` (:func:`category_field`).
+                              Lifetime: PEXPIREAT bucket end + window + ``counter_lateness_s``.
+                              Writer: features workers (streams.writer). Readers: scoring workers
+                              and ``streamrank features`` (streams.reader).
+item_counter_bucket   hash    ``sr:{i:<shard>}:cnt:<res>:<start>``: the clicks in one time bucket
+                              of the items of one shard; field = item id, value = clicks.
+                              ``shard`` = :func:`item_shard` (CRC-32 of the id modulo
+                              :data:`ITEM_COUNTER_SHARDS`), so one bucket of every item is that
+                              many keys in as many slots, not one hot key.
+                              Lifetime: as the user counter buckets.
+                              Writer: features workers (streams.writer). Readers: scoring workers
+                              (streams.reader).
+item_seen             string  ``sr:{i:<shard>}:seen:<event_id>``: "1" once the event's item counts
+                              are applied: the item shard's own dedupe marker (the user's marker
+                              lives in another slot, and no script spans two).
+                              Lifetime: PXAT the expiry of the event's last counter bucket.
+                              Writer and reader: the features workers' batch script.
+embedding_meta        hash    ``sr:{emb:<version>:<table>}:meta``: table metadata: dim, encoding,
+                              rows, buckets, shards, oov (the encoded OOV row), published_at,
+                              publish_id. Written last: a table without it is not published.
+                              Lifetime: until ``streamrank embeddings delete``.
+                              Writer: ``streamrank publish`` (scoring.embeddings.publish).
+                              Readers: scoring workers, ``streamrank embeddings info``.
+embedding_publish_id  string  ``sr:{emb:<version>:<table>:<shard>}:pid``: the table's publish_id,
+                              once per shard: the fetch script checks it in the slot it reads
+                              (the meta is in another).
+                              Lifetime: until ``streamrank embeddings delete``.
+                              Writer: ``streamrank publish``. Reader: the scoring workers' fetch
+                              script (scoring.embeddings.fetch).
+embedding_bucket      hash    ``sr:{emb:<version>:<table>:<shard>}:<bucket>``: encoded rows: field
+                              = raw id, value = encoded row bytes; ``bucket`` (decimal) =
+                              scoring.embeddings.bucketing.bucket_of(id, buckets), ``shard`` =
+                              bucket modulo the table's ``shards`` (:func:`embedding_shard`).
+                              Buckets stay small enough for Redis' compact listpack encoding.
+                              Lifetime: until ``streamrank embeddings delete``.
+                              Writer: ``streamrank publish``. Reader: the scoring workers' fetch
+                              script.
+embedding_versions    set     ``sr:{emb}:versions``: published embedding versions. Version and
+                              table names match ``[A-Za-z0-9][A-Za-z0-9._-]*`` (no ``:``, braces or
+                              glob characters), so the SCAN pattern ``sr:{emb:<version>:*``
+                              matches exactly one version's keys.
+                              Lifetime: a member until ``streamrank embeddings delete``.
+                              Writer: ``streamrank publish``. Readers: ``streamrank embeddings
+                              versions``, ``streamrank canary`` (checks a split's versions).
+active_model          string  ``sr:{model}:active``: the serving model version.
+                              Lifetime: no TTL; moved, never deleted.
+                              Writers: ``streamrank activate`` (scoring.model.registry), rollout
+                              transitions (scoring.rollout.state). Readers: scoring workers
+                              (scoring.serving.watcher), the rollout driver and status.
+model_split           string  ``sr:{model}:split``: optional canary split, e.g.
+                              ``din-a:0.9,din-b:0.1``; same slot as the pointer (one MGET).
+                              Lifetime: no TTL; deleted when the split is cleared.
+                              Writers: ``streamrank canary`` (scoring.model.versions), rollout
+                              transitions. Readers: scoring workers, the rollout driver and status.
+model_dense           string  ``sr:{model:<version>}:dense``: the version's dense weights
+                              (safetensors bytes), written after the item table.
+                              Lifetime: until ``streamrank embeddings delete``.
+                              Writer: ``streamrank publish`` (scoring.model.registry). Reader:
+                              scoring workers loading the version.
+model_config          string  ``sr:{model:<version>}:config``: the version's config.json (UTF-8
+                              JSON; ``encoding`` = the one its item table was published in);
+                              written LAST, so its presence means the version is fully published.
+                              Lifetime: until ``streamrank embeddings delete``.
+                              Writer: ``streamrank publish``. Readers: scoring workers,
+                              ``streamrank activate`` and the rollout driver (is it published?).
+group_members         hash    ``sr:{grp:<group>}:members``: the consumer group's members as they
+                              report themselves: field = member (client id), value = JSON (host,
+                              pid, partitions, since, expires). One key per group, its own tag.
+                              Lifetime: each field is re-written every few seconds while its worker
+                              runs; the key's TTL (and each ``expires``) drop members that are gone.
+                              Writers: every worker (streamrank.runtime.groups). Readers: ``streamrank
+                              lag`` and ``top`` (workbench.lag).
+outcome_open          hash    ``sr:out:open:<user>``: the user's served records whose attribution
+                              window is open: field = request_id, value = the pending record
+                              (JSON: version, served_at, items, scores, ranks, clicks so far, its
+                              stats key).
+                              Lifetime: removed when the record closes; TTL window + close delay +
+                              a margin, renewed on every write (cleans up after a closer that never
+                              ran). Writer and reader: outcomes workers (scoring.rollout.join).
+outcome_items         hash    ``sr:out:items:<user>``: last-touch index: field = item id, value =
+                              the ``\\x1f``-joined request ids of the user's open records that
+                              ranked the item (newest last).
+                              Lifetime: as ``outcome_open``. Writer and reader: outcomes workers.
+outcome_clicks        zset    ``sr:out:clicks:<user>``: the user's clicks no open record claimed
+                              yet (score = click ts, member = ``event_id \\x1f item_id``): a served
+                              record processed after its click still gets it.
+                              Lifetime: trimmed to the attribution window; TTL as
+                              ``outcome_open``. Writer and reader: outcomes workers.
+outcome_seen          string  ``sr:out:seen:<user>:<request_id>``: "1" once a served record is
+                              joined (dedupe under redelivery).
+                              Lifetime: TTL ``dedupe_ttl_s``. Writer and reader: outcomes workers.
+outcome_due           zset    ``sr:out:due``: open records by close time (member = ``user \\x1f
+                              request_id``, :func:`outcome_due_member`; score = epoch ms); a closer
+                              claims entries by moving them forward.
+                              Lifetime: no TTL; an entry is removed when its record closes.
+                              Writer and reader: outcomes workers.
+outcome_stats         hash    ``sr:out:stats:<bucket_s>:<version>:<start>``: one version's online
+                              statistics of the requests served in one time bucket (``start`` =
+                              bucket start, epoch s): counters, sums and score/latency histograms
+                              (scoring.rollout.stats).
+                              Lifetime: TTL ``outcome_retention_s``, renewed on every write.
+                              Writer: outcomes workers. Readers (scoring.rollout.online): the
+                              rollout driver, ``streamrank rollout status``, the outcomes
+                              workers' metrics.
+outcome_versions      zset    ``sr:out:versions``: versions that have statistics (score = the latest
+                              served_at, epoch ms).
+                              Lifetime: no TTL (one member per version ever served).
+                              Writer: outcomes workers. Readers: as ``outcome_stats``.
+rollout_state         hash    ``sr:rollout:state``: the staged rollout (new, old, steps, step,
+                              since, status, guard ...; ``rev`` counts transitions).
+                              Lifetime: no TTL; replaced when a rollout starts.
+                              Writer and readers: ``streamrank rollout`` and its driver
+                              (scoring.rollout.state, compare-and-set transitions).
+rollout_history       list    ``sr:rollout:history``: the rollout's decisions, JSON, oldest first.
+                              Lifetime: the last ``HISTORY_KEEP`` entries; cleared when a rollout
+                              starts. Writer and readers: as ``rollout_state``.
+rollout_lease         string  ``sr:rollout:lease``: the driver holding the lease (owner id).
+                              Lifetime: PX TTL ``lease_s``, renewed by its holder.
+                              Writer: the rollout driver. Readers: the driver, ``streamrank
+                              rollout status``.
+====================  ======  ======================================================================
+
+Ids are embedded verbatim (the message contract forbids control characters in ids, so
+``\\x1f`` can separate fields inside values). An id may contain braces: Redis takes the tag up
+to the first ``}`` after the first ``{``, and every key of one user starts with the same
+``sr:{u:<user>`` (and the tag is never empty), so all of one user's keys still share one slot
+whatever the id holds (a property test checks it with Redis' own slot function).
+
+The online outcome and rollout keys carry no hash tag yet: the outcomes join script touches one
+user's keys together with the global ``due``/``stats``/``versions`` keys, so the outcomes worker
+and the rollout run on a standalone or Sentinel Redis only and refuse a Redis Cluster with a
+clear error. Every per-user and per-request key takes the user id first, so a re-tagging happens
+in these functions alone.
 """
 
 from __future__ import annotations
@@ -202,9 +318,9 @@ def group_members(group: str) -> str:
     return f"{PREFIX}:{{grp:{group}}}:members"
 
 
-# --- online outcomes and rollouts (issue 14) ----------------------------------------------------
-# Built by these functions only; per-user and per-request keys take the user id first, so one
-# hash tag per user can be added here without touching their callers.
+# --- online outcomes and rollouts ---------------------------------------------------------------
+# Per-user and per-request keys take the user id first, so one hash tag per user can be added
+# here without touching their callers.
 
 
 def outcome_open(user_id: str) -> str:

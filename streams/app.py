@@ -13,8 +13,8 @@ web server. Two ways to hand records to the batch processor (setting ``features_
 - ``agent``: a Faust agent with ``stream.take_events(n, within)``. The agent holds an extra
   reference on each message while the batch is processed and acks only after ``process``
   returned, so take_events' own ack (which also runs when the generator is closed by a
-  shutdown or an error) can never make an unwritten offset committable. Costs about 100 us of
-  CPU per event in Faust's per-message machinery; kept for comparison (docs/streams.md).
+  shutdown or an error) can never make an unwritten offset committable. Costs more CPU per
+  event in Faust's per-message machinery; kept for comparison (docs/streams.md).
 """
 
 from __future__ import annotations

@@ -58,9 +58,8 @@ def classify(
 ) -> Classified:
     """Decode and validate a batch; duplicates of one (user_id, event_id) within the batch are
     applied once. Keyed like the store's seen-markers (per user), so what is applied does not
-    depend on how records fell into batches: keyed by event_id alone, two users' clicks with
-    one event_id in one batch lost the one read second (which one depended on the order of
-    partitions in the fetch), while in two batches both were applied."""
+    depend on how records fell into batches (keyed by event_id alone, two users' clicks that
+    share an event_id would both be applied in two batches but one lost in one)."""
     out = Classified()
     seen: set[tuple[str, str]] = set()
     for record in records:

@@ -114,8 +114,29 @@ class FeatureProcessor:
     async def process(self, records: Sequence[Record]) -> BatchOutcome:
         """Apply one batch; returns when all its effects are durable (see the module doc)."""
         started = time.perf_counter()
-        settings = self._settings
         now_ms = clock.now_ms()
+        classified, batch = self._prepare(records, now_ms)
+        applied = 0
+        if classified.apply:
+            applied = await self._retry("redis", lambda: self._timed_apply(batch))
+        if classified.dead or classified.forward:
+            await self._retry(
+                "kafka",
+                lambda: self._produce(classified),
+            )
+        duplicates = len(classified.apply) - applied + classified.in_batch_duplicates
+        self._count(records, classified, batch, applied=applied, duplicates=duplicates)
+        _log_dead_letters(classified)
+        if logger.isEnabledFor(logging.DEBUG):
+            _log_clicks(classified, records=len(records), applied=applied)
+        self._observe_times(records, classified, started)
+        return BatchOutcome(
+            len(records), applied, duplicates, len(classified.forward), len(classified.dead)
+        )
+
+    def _prepare(self, records: Sequence[Record], now_ms: int) -> tuple[Classified, BatchCalls]:
+        """Sort the records into apply / dead / forward and build the batch's Redis calls."""
+        settings = self._settings
         classified = classify(
             records, limits=self._limits, now_ms=now_ms, max_skew_s=settings.limits.max_event_skew_s
         )
@@ -129,65 +150,33 @@ class FeatureProcessor:
             dedupe_ttl_s=settings.features.dedupe_ttl_s,
             slot_of=self._slot_of,
         )
-        applied = 0
-        if classified.apply:
-            applied = await self._retry("redis", lambda: self._timed_apply(batch))
-        if classified.dead or classified.forward:
-            await self._retry(
-                "kafka",
-                lambda: self._produce(classified),
-            )
+        return classified, batch
+
+    def _count(
+        self,
+        records: Sequence[Record],
+        classified: Classified,
+        batch: BatchCalls,
+        *,
+        applied: int,
+        duplicates: int,
+    ) -> None:
+        """The batch's event counters (one per fate) and its size."""
         m = self._metrics
         m.batch_size.observe(len(records))
         m.events_applied.inc(applied)
-        duplicates = len(classified.apply) - applied + classified.in_batch_duplicates
         m.events_duplicate.inc(duplicates)
         m.events_forwarded.inc(len(classified.forward))
         m.events_too_old.inc(batch.too_old_for_counters)
-        for reason, letter in classified.dead:
+        for reason, _letter in classified.dead:
             m.dead_letters.labels(reason).inc()
-            logger.info(
-                "dead-lettered %s[%s]@%s: %s",
-                letter.source_topic,
-                letter.partition,
-                letter.offset,
-                letter.error,
-                extra={
-                    **logs.record_fields(letter.source_topic, letter.partition, letter.offset),
-                    "user_id": peek_field(letter.payload, "user_id"),
-                    "event_id": peek_field(letter.payload, "event_id"),
-                    "reason": reason,
-                },
-            )
-        if logger.isEnabledFor(logging.DEBUG):
-            for event in classified.forward:
-                logger.debug(
-                    "re-keyed click %s of user %s",
-                    event.event_id,
-                    event.user_id,
-                    extra={"user_id": event.user_id, "event_id": event.event_id},
-                )
-            for event, (topic, partition, offset) in zip(
-                classified.apply, classified.applied_at, strict=True
-            ):
-                logger.debug(
-                    "click %s of user %s at %s[%s]@%s in a batch of %d (%d applied, the rest "
-                    "seen before)",
-                    event.event_id,
-                    event.user_id,
-                    topic,
-                    partition,
-                    offset,
-                    len(records),
-                    applied,
-                    extra={
-                        **logs.record_fields(topic, partition, offset),
-                        "user_id": event.user_id,
-                        "event_id": event.event_id,
-                        "item_id": event.item_id,
-                    },
-                )
         m.skipped_records.inc(classified.skipped)
+
+    def _observe_times(
+        self, records: Sequence[Record], classified: Classified, started: float
+    ) -> None:
+        """Event-time lag, batch duration and broker-append-to-durable latency."""
+        m = self._metrics
         if classified.apply:
             newest = max(event.ts for event in classified.apply)
             m.event_time_lag.set(max(0.0, time.time() - newest / 1000))
@@ -195,9 +184,6 @@ class FeatureProcessor:
         stamps = [r.timestamp_s for r in records if r.timestamp_s]
         if stamps:
             m.append_to_durable.observe(max(0.0, time.time() - min(stamps)))
-        return BatchOutcome(
-            len(records), applied, duplicates, len(classified.forward), len(classified.dead)
-        )
 
     async def _timed_apply(self, batch: BatchCalls) -> int:
         with self._metrics.redis_write_seconds.time():
@@ -264,3 +250,50 @@ class FeatureProcessor:
                     "%s is back after %.1fs; the batch was applied, resuming", dependency, outage
                 )
             return result
+
+
+def _log_dead_letters(classified: Classified) -> None:
+    for reason, letter in classified.dead:
+        logger.info(
+            "dead-lettered %s[%s]@%s: %s",
+            letter.source_topic,
+            letter.partition,
+            letter.offset,
+            letter.error,
+            extra={
+                **logs.record_fields(letter.source_topic, letter.partition, letter.offset),
+                "user_id": peek_field(letter.payload, "user_id"),
+                "event_id": peek_field(letter.payload, "event_id"),
+                "reason": reason,
+            },
+        )
+
+
+def _log_clicks(classified: Classified, *, records: int, applied: int) -> None:
+    """One debug line per re-keyed click and per applied click (with its source offset)."""
+    for event in classified.forward:
+        logger.debug(
+            "re-keyed click %s of user %s",
+            event.event_id,
+            event.user_id,
+            extra={"user_id": event.user_id, "event_id": event.event_id},
+        )
+    for event, (topic, partition, offset) in zip(
+        classified.apply, classified.applied_at, strict=True
+    ):
+        logger.debug(
+            "click %s of user %s at %s[%s]@%s in a batch of %d (%d applied, the rest seen before)",
+            event.event_id,
+            event.user_id,
+            topic,
+            partition,
+            offset,
+            records,
+            applied,
+            extra={
+                **logs.record_fields(topic, partition, offset),
+                "user_id": event.user_id,
+                "event_id": event.event_id,
+                "item_id": event.item_id,
+            },
+        )

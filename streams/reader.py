@@ -34,8 +34,8 @@ _CATEGORY_PREFIX = keys.category_field("")
 
 
 class SequenceEvent(NamedTuple):
-    """One event of a user's behaviour sequence (a tuple: the scoring worker builds 50 per
-    request, and a frozen dataclass cost 3x as much to build)."""
+    """One event of a user's behaviour sequence (a tuple: the scoring worker builds one per
+    event of every request, and a tuple is the cheapest record to build)."""
 
     item_id: str
     category: str | None
@@ -90,8 +90,8 @@ class FeatureReader:
         pipe = NodePipeline(self._redis)
         for user in users:
             key = keys.sequence(user)
-            # no withscores option: redis-py's callback would rebuild every pair (measured:
-            # a third of the read's time)
+            # no withscores option: redis-py's callback would rebuild every pair
+            # (docs/benchmarks.md)
             pipe.add(key, "ZRANGE", key, 0, -1, "WITHSCORES")
         replies = await self._run(pipe)
         return {user: parse_sequence(reply) for user, reply in zip(users, replies, strict=True)}

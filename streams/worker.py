@@ -57,9 +57,9 @@ def run_features_worker(settings: Settings, *, metrics_port: int | None = None) 
     # (Faust, aiokafka, ...). Freeze that heap and collect gen0 less often.
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
-    # Faust runs the Kafka client in its own thread: every fetch crosses threads twice. With
-    # the default 5 ms GIL switch interval a fetch reply can wait for the main thread's batch
-    # work; 0.5 ms lowered p50 and p99 click-to-visible in 3 of 3 paired runs.
+    # Faust runs the Kafka client in its own thread: every fetch crosses threads twice, and
+    # with the default GIL switch interval a fetch reply waits for the main thread's batch work
+    # (docs/benchmarks.md has the paired runs).
     sys.setswitchinterval(0.0005)
     worker = faust.Worker(
         app,

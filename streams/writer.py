@@ -180,47 +180,102 @@ def assemble(
     counted: the bucket has already expired), category field or "", ``i`` = per item entry
     marker PXAT ms, item fine, item coarse bucket index, item id. Both lists are flat
     (``USER_ENTRY`` / ``ITEM_ENTRY`` values per entry): a list per entry cost Redis' JSON decoder
-    one Lua table per event (3-15% of the script's time in paired runs). Integers that may exceed
+    one Lua table per event (docs/streams.md). Integers that may exceed
     Lua's 14 significant digits travel as strings. The item marker lives until the event's
     last live item bucket expires (a replay after that counts nothing anyway) or the dedupe
     window ends, whichever is first.
     """
-    fine, coarse = windows
     head = [sequence_length, str(sequence_ttl_s * 1000), str(dedupe_ttl_s * 1000)]
-    dedupe_until = now_ms + dedupe_ttl_s * 1000
-    groups: dict[int, _Group] = {}
-    user_groups: dict[str, _Group] = {}
-    shard_groups: dict[int, _Group] = {}
-    too_old = 0
+    assembly = _Assembly(
+        now_ms=now_ms,
+        windows=windows,
+        lateness_s=lateness_s,
+        dedupe_until=now_ms + dedupe_ttl_s * 1000,
+        slot_of=slot_of,
+    )
+    for event in events:
+        assembly.add(event)
+    return BatchCalls(
+        [g.call(head) for g in assembly.groups.values()], len(events), assembly.too_old
+    )
 
-    def group(tag: str) -> _Group:
-        slot = slot_of(tag) if slot_of is not None else 0
-        found = groups.get(slot)
+
+@dataclass(frozen=True, slots=True)
+class _Buckets:
+    """An event's fine and coarse counter buckets: start (epoch s), expiry (ms), still alive."""
+
+    fine_start: int
+    fine_exp: int
+    fine_alive: bool
+    coarse_start: int
+    coarse_exp: int
+    coarse_alive: bool
+
+
+class _Assembly:
+    """The slot groups of one batch, filled event by event (see :func:`assemble`)."""
+
+    def __init__(
+        self,
+        *,
+        now_ms: int,
+        windows: tuple[Window, Window],
+        lateness_s: int,
+        dedupe_until: int,
+        slot_of: SlotOf | None,
+    ) -> None:
+        self.now_ms = now_ms
+        self.fine, self.coarse = windows
+        self.lateness_s = lateness_s
+        self.dedupe_until = dedupe_until
+        self.slot_of = slot_of
+        self.groups: dict[int, _Group] = {}
+        self.user_groups: dict[str, _Group] = {}
+        self.shard_groups: dict[int, _Group] = {}
+        self.too_old = 0
+
+    def group(self, tag: str) -> _Group:
+        slot = self.slot_of(tag) if self.slot_of is not None else 0
+        found = self.groups.get(slot)
         if found is None:
-            found = groups[slot] = _Group()
+            found = self.groups[slot] = _Group()
         return found
 
-    for event in events:
+    def buckets(self, ts: int) -> _Buckets:
+        fine, coarse = self.fine, self.coarse
+        fine_start = bucket_start(ts, fine.resolution_s)
+        coarse_start = bucket_start(ts, coarse.resolution_s)
+        fine_exp = bucket_expire_at_ms(fine_start, fine, self.lateness_s)
+        coarse_exp = bucket_expire_at_ms(coarse_start, coarse, self.lateness_s)
+        return _Buckets(
+            fine_start, fine_exp, fine_exp > self.now_ms,
+            coarse_start, coarse_exp, coarse_exp > self.now_ms,
+        )  # fmt: skip
+
+    def add(self, event: ClickEvent) -> None:
+        """The event's user-side entry and, while one of its item buckets lives, its item side."""
+        b = self.buckets(event.ts)
+        self.add_user_side(event, b)
+        if b.fine_alive or b.coarse_alive:
+            self.add_item_side(event, b)
+
+    def add_user_side(self, event: ClickEvent, b: _Buckets) -> None:
         user = event.user_id
-        ug = user_groups.get(user)
+        ug = self.user_groups.get(user)
         if ug is None:
-            ug = user_groups[user] = group(keys.user_tag(user))
-        fine_start = bucket_start(event.ts, fine.resolution_s)
-        coarse_start = bucket_start(event.ts, coarse.resolution_s)
-        fine_exp = bucket_expire_at_ms(fine_start, fine, lateness_s)
-        coarse_exp = bucket_expire_at_ms(coarse_start, coarse, lateness_s)
-        fine_alive, coarse_alive = fine_exp > now_ms, coarse_exp > now_ms
+            ug = self.user_groups[user] = self.group(keys.user_tag(user))
         ufine = ucoarse = 0
-        if fine_alive:
+        if b.fine_alive:
             ufine = ug.bucket(
-                keys.user_counter_bucket(user, fine.resolution_s, fine_start), fine_exp
+                keys.user_counter_bucket(user, self.fine.resolution_s, b.fine_start), b.fine_exp
             )
-        if coarse_alive:
+        if b.coarse_alive:
             ucoarse = ug.bucket(
-                keys.user_counter_bucket(user, coarse.resolution_s, coarse_start), coarse_exp
+                keys.user_counter_bucket(user, self.coarse.resolution_s, b.coarse_start),
+                b.coarse_exp,
             )
         else:
-            too_old += 1
+            self.too_old += 1
         ug.user_markers.append(keys.seen(user, event.event_id))
         ug.user_entries.extend(
             (
@@ -232,27 +287,28 @@ def assemble(
                 keys.category_field(event.category) if event.category else "",
             )
         )
-        if not (fine_alive or coarse_alive):
-            continue
+
+    def add_item_side(self, event: ClickEvent, b: _Buckets) -> None:
         shard = keys.item_shard(event.item_id)
-        ig = shard_groups.get(shard)
+        ig = self.shard_groups.get(shard)
         if ig is None:
-            ig = shard_groups[shard] = group(keys.item_tag(shard))
+            ig = self.shard_groups[shard] = self.group(keys.item_tag(shard))
         ifine = icoarse = 0
-        if fine_alive:
+        if b.fine_alive:
             ifine = ig.bucket(
-                keys.item_counter_bucket(shard, fine.resolution_s, fine_start), fine_exp
+                keys.item_counter_bucket(shard, self.fine.resolution_s, b.fine_start), b.fine_exp
             )
-        if coarse_alive:
+        if b.coarse_alive:
             icoarse = ig.bucket(
-                keys.item_counter_bucket(shard, coarse.resolution_s, coarse_start), coarse_exp
+                keys.item_counter_bucket(shard, self.coarse.resolution_s, b.coarse_start),
+                b.coarse_exp,
             )
         until = min(
-            dedupe_until, max(fine_exp if fine_alive else 0, coarse_exp if coarse_alive else 0)
+            self.dedupe_until,
+            max(b.fine_exp if b.fine_alive else 0, b.coarse_exp if b.coarse_alive else 0),
         )
         ig.item_markers.append(keys.item_seen(shard, event.event_id))
         ig.item_entries.extend((str(until), ifine, icoarse, event.item_id))
-    return BatchCalls([g.call(head) for g in groups.values()], len(events), too_old)
 
 
 class BatchWriter:

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,16 +34,23 @@ from streamrank.kafka import clients as kafka
 from streamrank.redis.client import redis_client
 from streamrank.settings import Settings
 
+if TYPE_CHECKING:
+    from aiokafka import AIOKafkaProducer
+
+    from workbench.devstack.processes import WorkerProcess
+
 logger = logging.getLogger(__name__)
 
 # The synthetic model when there is no MovieLens: trains in seconds (like
 # `streamrank train --synthetic --users 300 --epochs 1`).
 SYNTHETIC_USERS, SYNTHETIC_ITEMS, SYNTHETIC_SEED = 300, 100_000, 17
-# One epoch on ml-100k: about a minute on 2 cores instead of ~2-3 for the full 3 epochs; the
-# demo shows the pipeline, and the artifact is kept, so the next demo starts at once (and a
+# One epoch on ml-100k, a third of a full train: the demo shows the pipeline, and the
+# artifact is kept, so the next demo starts at once (and a
 # fully trained artifact from `streamrank train` is reused when there is one).
 DEMO_EPOCHS = 1
 CANDIDATES = 20  # per rank request: items the watched user clicks later + random others
+WORKERS = ("features", "scoring")
+Watched = tuple[str, list[str], set[str]]  # (user, candidates, the candidates it clicks later)
 
 
 def say(message: str) -> None:
@@ -266,14 +273,53 @@ async def run_demo(
     view: str = "top",
 ) -> None:
     """Publish + activate the model, start both workers, then produce, watch and rank."""
-    from aiokafka import AIOKafkaProducer
+    from workbench.devstack.processes import start_worker
 
-    from scoring.client import RankClient
+    await _serve(settings, model)
+    ports = {kind: _metrics_port(settings, kind) for kind in WORKERS}
+    handles = {
+        kind: start_worker(kind, settings, log_path=logs / f"{kind}-worker.log",
+                           metrics_port=ports[kind])
+        for kind in WORKERS
+    }  # fmt: skip
+    producer: AIOKafkaProducer | None = None
+    try:
+        await _wait_ready(handles, ports)
+        watched = pick_user_and_items(
+            model.dataset,
+            horizon=max(1000, int(rate * 30)),
+            max_events=settings.features.sequence_length,
+        )
+        if view == "top" and not all(ports.values()):
+            say("the dashboard reads the workers' /metrics, which are off: showing --view user")
+            view = "user"
+        watching = "the dashboard" if view == "top" else f"user {watched[0]}"
+        say(
+            f"producing {rate:.0f} clicks/s and {request_rate:.0f} rank requests/s for "
+            f"{len(np.unique(model.dataset.user_ids))} users; showing {watching}; press Ctrl-C "
+            "to stop"
+        )
+        say(
+            f"in another shell: streamrank tail {settings.topics.results} --follow | streamrank "
+            "lag --watch | streamrank top | streamrank dlq"
+        )
+        producer = kafka.producer(settings.kafka, acks="all", linger_ms=5)
+        await producer.start()
+        dashboard = Dashboard(ports) if view == "top" else None
+        await _produce_and_watch(
+            settings, model, producer, dashboard, watched, rate=rate, request_rate=request_rate,
+            duration_s=duration_s, every_s=every_s,
+        )  # fmt: skip
+    finally:
+        await _stop(producer, handles)
+
+
+async def _serve(settings: Settings, model: DemoModel) -> None:
+    """The topics made, and the model published (when it is not yet) and activated."""
     from scoring.model.artifact import load_artifact
     from scoring.model.registry import activate_version
     from streamrank.kafka.topics import create_topics
     from workbench.devstack.pipeline import ensure_published
-    from workbench.devstack.processes import start_worker
 
     topics = await create_topics(settings)
     say("topics: " + ", ".join(f"{t} ({s})" for t, s in topics.items()))
@@ -290,88 +336,81 @@ async def run_demo(
         f"(was {previous or 'none'})"
     )
 
-    ports = {kind: _metrics_port(settings, kind) for kind in ("features", "scoring")}
-    handles = {
-        kind: start_worker(kind, settings, log_path=logs / f"{kind}-worker.log",
-                           metrics_port=ports[kind])
-        for kind in ("features", "scoring")
-    }  # fmt: skip
-    producer: AIOKafkaProducer | None = None
-    try:
-        say("waiting for the features and scoring workers ...")
-        await asyncio.gather(
-            asyncio.to_thread(handles["features"].wait_ready, 180),
-            asyncio.to_thread(handles["scoring"].wait_ready, 180),
-        )  # fmt: skip
-        for kind, handle in handles.items():
-            metrics = f"http://127.0.0.1:{ports[kind]}/metrics" if ports[kind] else "off"
-            say(f"{kind} worker pid {handle.pid} ready (log {handle.log_path}; metrics {metrics})")
-        user, items, later = pick_user_and_items(
-            model.dataset,
-            horizon=max(1000, int(rate * 30)),
-            max_events=settings.features.sequence_length,
-        )
-        if view == "top" and not all(ports.values()):
-            say("the dashboard reads the workers' /metrics, which are off: showing --view user")
-            view = "user"
-        watching = "the dashboard" if view == "top" else f"user {user}"
-        say(
-            f"producing {rate:.0f} clicks/s and {request_rate:.0f} rank requests/s for "
-            f"{len(np.unique(model.dataset.user_ids))} users; showing {watching}; press Ctrl-C "
-            "to stop"
-        )
-        say(
-            f"in another shell: streamrank tail {settings.topics.results} --follow | streamrank "
-            "lag --watch | streamrank top | streamrank dlq"
-        )
-        producer = kafka.producer(settings.kafka, acks="all", linger_ms=5)
-        await producer.start()
-        clicks = dataset_clicks(model.dataset, run=f"demo-{uuid.uuid4().hex[:6]}")
-        requests = rank_requests(model.dataset)
-        dashboard = Dashboard(ports) if view == "top" else None
-        async with RankClient(settings=settings) as client:
-            started = time.monotonic()
-            produced = asked = 0
-            next_show = started + every_s
-            try:
-                while duration_s is None or time.monotonic() - started < duration_s:
-                    elapsed = time.monotonic() - started
-                    due = int(elapsed * rate) - produced
-                    for event in (next(clicks) for _ in range(max(0, due))):
-                        await producer.send(
-                            settings.topics.clicks, event.to_json(), key=event.user_id.encode()
-                        )
-                    produced += max(0, due)
-                    due = int(elapsed * request_rate) - asked
-                    for request in (next(requests) for _ in range(max(0, due))):
-                        await producer.send(
-                            settings.topics.requests,
-                            request.to_json(),
-                            key=request.user_id.encode(),
-                        )
-                    asked += max(0, due)
-                    if time.monotonic() >= next_show:
-                        next_show += every_s
-                        await producer.flush()
-                        if dashboard is not None:
-                            await dashboard.refresh()
-                        else:
-                            print(f"clicks: {produced} produced, {asked} rank requests", flush=True)
-                            await _show_features(settings, user)
-                            await _show_rank(client, user, items, later)
-                    await asyncio.sleep(0.05)
-            finally:
-                if dashboard is not None:
-                    dashboard.close()
-    finally:
-        if producer is not None:
-            with contextlib.suppress(Exception):
-                await producer.stop()
-        codes = await asyncio.gather(
-            *(asyncio.to_thread(h.stop) for h in reversed(handles.values()))
-        )
-        say(
-            "stopped the scoring and features workers (exit codes "
-            + ", ".join(str(c) for c in codes)
-            + ")"
-        )
+
+async def _wait_ready(handles: dict[str, WorkerProcess], ports: dict[str, int]) -> None:
+    say("waiting for the features and scoring workers ...")
+    await asyncio.gather(
+        asyncio.to_thread(handles["features"].wait_ready, 180),
+        asyncio.to_thread(handles["scoring"].wait_ready, 180),
+    )  # fmt: skip
+    for kind, handle in handles.items():
+        metrics = f"http://127.0.0.1:{ports[kind]}/metrics" if ports[kind] else "off"
+        say(f"{kind} worker pid {handle.pid} ready (log {handle.log_path}; metrics {metrics})")
+
+
+async def _produce_and_watch(
+    settings: Settings,
+    model: DemoModel,
+    producer: AIOKafkaProducer,
+    dashboard: Dashboard | None,
+    watched: Watched,
+    *,
+    rate: float,
+    request_rate: float,
+    duration_s: float | None,
+    every_s: float,
+) -> None:
+    """Clicks and rank requests at their rates until ``duration_s`` (None: for ever); every
+    ``every_s`` the dashboard, or the watched user's features and a ranking for them."""
+    from scoring.client import RankClient
+
+    clicks = dataset_clicks(model.dataset, run=f"demo-{uuid.uuid4().hex[:6]}")
+    requests = rank_requests(model.dataset)
+    async with RankClient(settings=settings) as client:
+        started = time.monotonic()
+        produced = asked = 0
+        next_show = started + every_s
+        try:
+            while duration_s is None or time.monotonic() - started < duration_s:
+                elapsed = time.monotonic() - started
+                due = int(elapsed * rate) - produced
+                produced += await _send_due(producer, settings.topics.clicks, clicks, due)
+                due = int(elapsed * request_rate) - asked
+                asked += await _send_due(producer, settings.topics.requests, requests, due)
+                if time.monotonic() >= next_show:
+                    next_show += every_s
+                    await producer.flush()
+                    if dashboard is not None:
+                        await dashboard.refresh()
+                    else:
+                        print(f"clicks: {produced} produced, {asked} rank requests", flush=True)
+                        await _show_features(settings, watched[0])
+                        await _show_rank(client, *watched)
+                await asyncio.sleep(0.05)
+        finally:
+            if dashboard is not None:
+                dashboard.close()
+
+
+async def _send_due(
+    producer: AIOKafkaProducer,
+    topic: str,
+    source: Iterator[ClickEvent | RankRequest],
+    due: int,
+) -> int:
+    """The next ``due`` messages of ``source`` sent to ``topic``, keyed by user; how many."""
+    for message in (next(source) for _ in range(max(0, due))):
+        await producer.send(topic, message.to_json(), key=message.user_id.encode())
+    return max(0, due)
+
+
+async def _stop(producer: AIOKafkaProducer | None, handles: dict[str, WorkerProcess]) -> None:
+    if producer is not None:
+        with contextlib.suppress(Exception):
+            await producer.stop()
+    codes = await asyncio.gather(*(asyncio.to_thread(h.stop) for h in reversed(handles.values())))
+    say(
+        "stopped the scoring and features workers (exit codes "
+        + ", ".join(str(c) for c in codes)
+        + ")"
+    )

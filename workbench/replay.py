@@ -23,6 +23,7 @@ import sys
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,25 @@ async def _rank_all(
     return results, latencies
 
 
+@dataclass(frozen=True)
+class Replayed:
+    """What came back through the stack: the replies in case order (None where no reply came)
+    and the client-observed latencies in ms, after ``events`` clicks were replayed."""
+
+    events: int
+    results: list[Any]
+    latencies: list[float]
+
+
+@dataclass(frozen=True)
+class Offline:
+    """The offline expectation: the scores with the item table as published (``expected``) and
+    in fp32 (``fp32``, as the artifact's own evaluation scored them)."""
+
+    expected: np.ndarray
+    fp32: np.ndarray
+
+
 async def run_replay(
     settings: Settings,
     artifact: Any,
@@ -122,11 +142,7 @@ async def run_replay(
 
     The replay's scoring worker is pinned to the artifact's version by a static split, so the
     shared ``sr:model:active`` pointer is left alone unless ``activate`` is set."""
-
-    from scoring.model.registry import activate_version
     from streamrank.kafka.topics import create_topics
-    from workbench.devstack.pipeline import ensure_published
-    from workbench.devstack.processes import start_worker
 
     started = time.perf_counter()
     seconds: dict[str, float] = {}
@@ -134,103 +150,157 @@ async def run_replay(
     max_history = int(
         artifact.config.get("train", {}).get("history_len", settings.features.sequence_length)
     )
+    # The worker serves the dense weights as settings.scoring.dense_weights: so does this.
+    dense = settings.scoring.dense_weights
     redis = redis_client(settings.redis)
     try:
-        published = await ensure_published(redis, artifact, encoding=encoding, progress=progress)
-        version, enc = published["version"], published["encoding"]
-        if activate:
-            await activate_version(redis, version)
-        say(f"version {version} ({enc}; published now: {published['published_now']}); run {run}")
+        version, enc = await _publish(
+            redis, artifact, encoding=encoding, activate=activate, run=run, progress=progress
+        )
         rs = run_settings(settings, run=run, version=version, max_history=max_history)
         await create_topics(rs)
-
         mark = time.perf_counter()
-        # The worker serves the dense weights as settings.scoring.dense_weights: so does this.
-        dense = settings.scoring.dense_weights
-        expected = offline_scores(
-            artifact, cases, encoding=enc, max_history=max_history, dense=dense
+        offline = Offline(
+            expected=offline_scores(
+                artifact, cases, encoding=enc, max_history=max_history, dense=dense
+            ),
+            fp32=offline_scores(artifact, cases, encoding="fp32", max_history=max_history),
         )
-        fp32 = offline_scores(artifact, cases, encoding="fp32", max_history=max_history)
         seconds["offline"] = time.perf_counter() - mark
-
-        logs = Path(rs.tools.run_dir) / run
-        mark = time.perf_counter()
-        features = start_worker("features", rs, log_path=logs / "features-worker.log")
-        scoring = start_worker("scoring", rs, log_path=logs / "scoring-worker.log")
-        try:
-            say(f"waiting for the workers (pids {features.pid}, {scoring.pid}; logs in {logs})")
-            await asyncio.gather(
-                asyncio.to_thread(features.wait_ready, 180),
-                asyncio.to_thread(scoring.wait_ready, 180),
-            )  # fmt: skip
-            seconds["start_workers"] = time.perf_counter() - mark
-
-            events = click_events(cases, run=run)
-            mark = time.perf_counter()
-            await produce_clicks(rs, events, progress=progress)
-            seconds["produce"] = time.perf_counter() - mark
-            mark = time.perf_counter()
-            await wait_applied(
-                redis, rs, expected_sequences(cases, run=run, length=max_history),
-                timeout_s=apply_timeout_s, progress=progress, log_path=features.log_path,
-            )  # fmt: skip
-            seconds["apply"] = time.perf_counter() - mark
-
-            mark = time.perf_counter()
-            results, latencies = await _rank_all(
-                rs, cases, run=run, concurrency=concurrency,
-                timeout_s=request_timeout_s, progress=progress,
-            )  # fmt: skip
-            seconds["rank"] = time.perf_counter() - mark
-        finally:
-            codes = await asyncio.gather(
-                asyncio.to_thread(scoring.stop), asyncio.to_thread(features.stop)
-            )
-            if any(codes):
-                logger.warning("worker exit codes (scoring, features): %s; logs in %s", codes, logs)
+        replayed = await _through_workers(
+            rs, redis, cases, run=run, max_history=max_history, concurrency=concurrency,
+            apply_timeout_s=apply_timeout_s, request_timeout_s=request_timeout_s,
+            progress=progress, seconds=seconds,
+        )  # fmt: skip
     finally:
         await redis.aclose()
-
-    answered = [i for i, r in enumerate(results) if r is not None]
-    degraded = sum(1 for i in answered if results[i].degraded)
-    labels = np.array([cases[i].labels for i in answered], dtype=np.float32)  # [U', C]
-    online = np.array([results[i].scores for i in answered], dtype=np.float64)  # [U', C]
-    offline = expected[answered]
-    file_scores = np.array([c.file_scores for c in cases], dtype=np.float64)
-    diffs = differences(offline, online) if answered else {}
-    report: dict[str, Any] = {
+    report = {
         "version": version,
         "encoding": enc,
         "dense_weights": dense,
-        "users": len(cases),
-        "candidates_per_user": len(cases[0].items),
-        "events_replayed": len(events),
-        "requests": len(cases),
-        "answered": len(answered),
-        "degraded": degraded,
-        "versions_served": sorted({results[i].model_version for i in answered}),
-        **diffs,
-        "tolerance": tolerance,
-        "offline": quality(labels, offline) if answered else None,
-        "online": quality(labels, online) if answered else None,
-        "offline_fp32": quality(np.array([c.labels for c in cases]), fp32),
-        "offline_fp32_vs_artifact_scores_max_abs_diff": float(np.abs(fp32 - file_scores).max()),
-        "client_latency_ms": {
-            "p50": round(float(np.percentile(latencies, 50)), 2) if latencies else None,
-            "p99": round(float(np.percentile(latencies, 99)), 2) if latencies else None,
-        },
+        **replay_report(cases, replayed, offline, tolerance=tolerance),
         "activated": activate,
         "redis": settings.redis.mode,
         "run": run,
         "seconds": {k: round(v, 2) for k, v in seconds.items()},
     }
-    report["consistent"] = bool(
-        answered
-        and len(answered) == len(cases)
-        and degraded == 0
-        and report["versions_served"] == [version]
-        and report["max_abs_diff"] <= tolerance
-        and report["online"]["auc"] == report["offline"]["auc"]
-    )
+    report["consistent"] = consistent(report, cases=len(cases), version=version)
     report["seconds"]["total"] = round(time.perf_counter() - started, 2)
     return report
+
+
+async def _publish(
+    redis: Any, artifact: Any, *, encoding: str | None, activate: bool, run: str, progress: bool
+) -> tuple[str, str]:
+    """The artifact published (when it is not yet) and, with ``activate``, made the serving
+    version; returns its version and encoding."""
+    from scoring.model.registry import activate_version
+    from workbench.devstack.pipeline import ensure_published
+
+    published = await ensure_published(redis, artifact, encoding=encoding, progress=progress)
+    version, enc = published["version"], published["encoding"]
+    if activate:
+        await activate_version(redis, version)
+    say(f"version {version} ({enc}; published now: {published['published_now']}); run {run}")
+    return version, enc
+
+
+async def _through_workers(
+    rs: Settings,
+    redis: Any,
+    cases: Sequence[Case],
+    *,
+    run: str,
+    max_history: int,
+    concurrency: int,
+    apply_timeout_s: float,
+    request_timeout_s: float,
+    progress: bool,
+    seconds: dict[str, float],
+) -> Replayed:
+    """A features and a scoring worker of the run's own, the clicks replayed and applied, then
+    the rank requests; the workers are stopped at the end."""
+    from workbench.devstack.processes import start_worker
+
+    logs = Path(rs.tools.run_dir) / run
+    mark = time.perf_counter()
+    features = start_worker("features", rs, log_path=logs / "features-worker.log")
+    scoring = start_worker("scoring", rs, log_path=logs / "scoring-worker.log")
+    try:
+        say(f"waiting for the workers (pids {features.pid}, {scoring.pid}; logs in {logs})")
+        await asyncio.gather(
+            asyncio.to_thread(features.wait_ready, 180),
+            asyncio.to_thread(scoring.wait_ready, 180),
+        )  # fmt: skip
+        seconds["start_workers"] = time.perf_counter() - mark
+
+        events = click_events(cases, run=run)
+        mark = time.perf_counter()
+        await produce_clicks(rs, events, progress=progress)
+        seconds["produce"] = time.perf_counter() - mark
+        mark = time.perf_counter()
+        await wait_applied(
+            redis, rs, expected_sequences(cases, run=run, length=max_history),
+            timeout_s=apply_timeout_s, progress=progress, log_path=features.log_path,
+        )  # fmt: skip
+        seconds["apply"] = time.perf_counter() - mark
+
+        mark = time.perf_counter()
+        results, latencies = await _rank_all(
+            rs, cases, run=run, concurrency=concurrency,
+            timeout_s=request_timeout_s, progress=progress,
+        )  # fmt: skip
+        seconds["rank"] = time.perf_counter() - mark
+        return Replayed(len(events), results, latencies)
+    finally:
+        codes = await asyncio.gather(
+            asyncio.to_thread(scoring.stop), asyncio.to_thread(features.stop)
+        )
+        if any(codes):
+            logger.warning("worker exit codes (scoring, features): %s; logs in %s", codes, logs)
+
+
+def replay_report(
+    cases: Sequence[Case], replayed: Replayed, offline: Offline, *, tolerance: float
+) -> dict[str, Any]:
+    """The replies set against the offline expectation: coverage, differences, quality."""
+    results, latencies = replayed.results, replayed.latencies
+    answered = [i for i, r in enumerate(results) if r is not None]
+    labels = np.array([cases[i].labels for i in answered], dtype=np.float32)  # [U', C]
+    online = np.array([results[i].scores for i in answered], dtype=np.float64)  # [U', C]
+    expected = offline.expected[answered]
+    file_scores = np.array([c.file_scores for c in cases], dtype=np.float64)
+    return {
+        "users": len(cases),
+        "candidates_per_user": len(cases[0].items),
+        "events_replayed": replayed.events,
+        "requests": len(cases),
+        "answered": len(answered),
+        "degraded": sum(1 for i in answered if results[i].degraded),
+        "versions_served": sorted({results[i].model_version for i in answered}),
+        **(differences(expected, online) if answered else {}),
+        "tolerance": tolerance,
+        "offline": quality(labels, expected) if answered else None,
+        "online": quality(labels, online) if answered else None,
+        "offline_fp32": quality(np.array([c.labels for c in cases]), offline.fp32),
+        "offline_fp32_vs_artifact_scores_max_abs_diff": float(
+            np.abs(offline.fp32 - file_scores).max()
+        ),
+        "client_latency_ms": {
+            "p50": round(float(np.percentile(latencies, 50)), 2) if latencies else None,
+            "p99": round(float(np.percentile(latencies, 99)), 2) if latencies else None,
+        },
+    }
+
+
+def consistent(report: dict[str, Any], *, cases: int, version: str) -> bool:
+    """Every user answered, none degraded, all by ``version``, within the tolerance, and the
+    same AUC online as offline."""
+    return bool(
+        report["answered"]
+        and report["answered"] == cases
+        and report["degraded"] == 0
+        and report["versions_served"] == [version]
+        and report["max_abs_diff"] <= report["tolerance"]
+        and report["online"]["auc"] == report["offline"]["auc"]
+    )

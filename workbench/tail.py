@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from schemas import reason_code
 from streamrank import clock
 from streamrank.errors import StreamrankError
 from streamrank.kafka import clients as kafka
@@ -211,7 +212,7 @@ def cells(kind: Kind, m: Message, *, top: int = 5) -> list[str]:
     if kind == "results":
         flag = "ok"
         if v.get("degraded"):
-            flag = f"degraded {str(v.get('reason') or '').split(':', 1)[0]}"
+            flag = f"degraded {reason_code(str(v.get('reason') or ''))}"
         return [_time(m.timestamp), where, str(v.get("request_id")), str(v.get("user_id")),
                 str(v.get("model_version") or "-"), flag,
                 top_items(v.get("items") or (), v.get("scores") or (), top)]  # fmt: skip
@@ -291,67 +292,113 @@ async def tail(
     )
     await consumer.start()
     try:
-        known = consumer.partitions_for_topic(topic)
-        if not known:
-            await consumer._client.force_metadata_update()
-            known = consumer.partitions_for_topic(topic)
-        if not known:
-            raise StreamrankError(
-                f"topic {topic!r} does not exist on {settings.kafka.bootstrap} "
-                "(`streamrank topics create` makes ours)"
-            )
-        wanted = sorted(known) if not partitions else [p for p in partitions if p in known]
-        if not wanted:
-            raise StreamrankError(f"topic {topic!r} has no partition {list(partitions or [])}")
-        tps = [TopicPartition(topic, p) for p in wanted]
+        tps = await _assigned(consumer, settings, topic, partitions)
         stats.partitions = len(tps)
-        ends = await kafka.end_offsets(consumer, tps)  # assigns them to this consumer
-        begins = await consumer.beginning_offsets(tps)
-        by_time: dict[TopicPartition, Any] = {}
-        since_ms = 0
-        if start.kind == "since":
-            since_ms = clock.now_ms() - int(start.value * 1000)
-            by_time = await consumer.offsets_for_times({tp: since_ms for tp in tps})
-        for tp in tps:
-            found = by_time.get(tp)
-            consumer.seek(tp, start.position(begins[tp], ends[tp], found.offset if found else None))
-        # the partitions still to read (with --follow: all of them, for ever)
-        pending = {tp for tp in tps if follow or await consumer.position(tp) < ends[tp]}
-        newest_first = start.kind == "last" and not follow
-        held: list[Message] = []
-        while pending:
-            batches = await consumer.getmany(*pending, timeout_ms=500)
-            for tp, records in batches.items():
-                for record in records:
-                    if not follow and record.offset >= ends[tp]:
-                        continue
-                    if record.timestamp is not None and record.timestamp < since_ms:
-                        # older than --since: brokers that cannot look offsets up by time
-                        # (the embedded one starts at the beginning) are read from further back
-                        continue
-                    stats.read += 1
-                    message = Message.from_record(record)
-                    if message.error is not None:
-                        stats.invalid += 1
-                    if not filters.match(message):
-                        continue
-                    if newest_first:
-                        held.append(message)
-                        continue
-                    emit(message)
-                    stats.shown += 1
-                    if limit is not None and stats.shown >= limit:
-                        return stats
-            if not follow:
-                for tp in list(pending):
-                    if await consumer.position(tp) >= ends[tp]:
-                        pending.discard(tp)
-            await asyncio.sleep(0)
+        ends, since_ms = await _seek(consumer, tps, start)
+        reading = _Reading(
+            follow=follow, limit=limit, filters=filters, emit=emit, stats=stats, ends=ends,
+            since_ms=since_ms, newest_first=start.kind == "last" and not follow,
+        )  # fmt: skip
+        if await _read(consumer, tps, reading):
+            return stats
         # "the last N": the newest across partitions, in time order
-        held.sort(key=lambda m: (m.timestamp, m.partition, m.offset))
-        for message in held[-(limit or int(start.value)) :]:
+        reading.held.sort(key=lambda m: (m.timestamp, m.partition, m.offset))
+        for message in reading.held[-(limit or int(start.value)) :]:
             emit(message)
             stats.shown += 1
         return stats
     finally:
         await consumer.stop()
+
+
+async def _assigned(
+    consumer: AIOKafkaConsumer, settings: Settings, topic: str, partitions: Sequence[int] | None
+) -> list[TopicPartition]:
+    """The partitions to read: every one of ``topic``, or those of ``partitions`` it has."""
+    known = consumer.partitions_for_topic(topic)
+    if not known:
+        await consumer._client.force_metadata_update()
+        known = consumer.partitions_for_topic(topic)
+    if not known:
+        raise StreamrankError(
+            f"topic {topic!r} does not exist on {settings.kafka.bootstrap} "
+            "(`streamrank topics create` makes ours)"
+        )
+    wanted = sorted(known) if not partitions else [p for p in partitions if p in known]
+    if not wanted:
+        raise StreamrankError(f"topic {topic!r} has no partition {list(partitions or [])}")
+    return [TopicPartition(topic, p) for p in wanted]
+
+
+async def _seek(
+    consumer: AIOKafkaConsumer, tps: list[TopicPartition], start: Start
+) -> tuple[dict[TopicPartition, int], int]:
+    """Assign ``tps`` and seek each to where ``start`` says; returns their end offsets now
+    and, for ``since``, the earliest record time to show (epoch ms; else 0)."""
+    ends = await kafka.end_offsets(consumer, tps)  # assigns them to this consumer
+    begins = await consumer.beginning_offsets(tps)
+    by_time: dict[TopicPartition, Any] = {}
+    since_ms = 0
+    if start.kind == "since":
+        since_ms = clock.now_ms() - int(start.value * 1000)
+        by_time = await consumer.offsets_for_times({tp: since_ms for tp in tps})
+    for tp in tps:
+        found = by_time.get(tp)
+        consumer.seek(tp, start.position(begins[tp], ends[tp], found.offset if found else None))
+    return ends, since_ms
+
+
+@dataclass
+class _Reading:
+    """One read's options and state: what to show, and the messages held back for the end."""
+
+    follow: bool
+    limit: int | None
+    filters: Filters
+    emit: Callable[[Message], None]
+    stats: TailStats
+    ends: dict[TopicPartition, int]
+    since_ms: int
+    newest_first: bool  # "the last N" without --follow: held, shown at the end
+    held: list[Message] = field(default_factory=list)
+
+    def take(self, tp: TopicPartition, record: Any) -> bool:
+        """Count, filter and show (or hold) one record; True once ``limit`` are shown."""
+        if not self.follow and record.offset >= self.ends[tp]:
+            return False
+        if record.timestamp is not None and record.timestamp < self.since_ms:
+            # older than --since: brokers that cannot look offsets up by time
+            # (the embedded one starts at the beginning) are read from further back
+            return False
+        self.stats.read += 1
+        message = Message.from_record(record)
+        if message.error is not None:
+            self.stats.invalid += 1
+        if not self.filters.match(message):
+            return False
+        if self.newest_first:
+            self.held.append(message)
+            return False
+        self.emit(message)
+        self.stats.shown += 1
+        return self.limit is not None and self.stats.shown >= self.limit
+
+
+async def _read(consumer: AIOKafkaConsumer, tps: list[TopicPartition], reading: _Reading) -> bool:
+    """Read until every partition reached its end offset (with --follow: for ever); True when
+    it stopped at ``limit``."""
+    ends = reading.ends
+    # the partitions still to read (with --follow: all of them, for ever)
+    pending = {tp for tp in tps if reading.follow or await consumer.position(tp) < ends[tp]}
+    while pending:
+        batches = await consumer.getmany(*pending, timeout_ms=500)
+        for tp, records in batches.items():
+            for record in records:
+                if reading.take(tp, record):
+                    return True
+        if not reading.follow:
+            for tp in list(pending):
+                if await consumer.position(tp) >= ends[tp]:
+                    pending.discard(tp)
+        await asyncio.sleep(0)
+    return False

@@ -123,95 +123,123 @@ def _bucket_deltas(
     ]
 
 
+@dataclass(frozen=True)
+class Window:
+    """Two scrape rounds and the seconds between them (``before`` empty: no rates yet)."""
+
+    now: Sequence[Scrape]
+    before: Sequence[Scrape]
+
+    @property
+    def open(self) -> bool:
+        return bool(self.before)
+
+    @property
+    def seconds(self) -> float:
+        latest = max((s.at for s in self.now), default=0)
+        return max(1e-9, latest - max((s.at for s in self.before), default=0))
+
+    def of(self, kind: str) -> list[Scrape]:
+        return [s for s in self.now if s.kind == kind]
+
+    def delta(self, kind: str, name: str, **match: str) -> float:
+        """The increase of a sample over the window, summed over the ``kind`` workers."""
+        return _delta(self.of(kind), self.before, lambda s: s.total(name, **match))
+
+    def rate(self, kind: str, name: str, **match: str) -> float | None:
+        if not self.open:
+            return None
+        return self.delta(kind, name, **match) / self.seconds
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value * 1000, 2)
+
+
 def figures(now: Sequence[Scrape], before: Sequence[Scrape]) -> dict[str, Any]:
     """What the dashboard shows, from two scrape rounds (``before`` may be empty)."""
-    seconds = max(
-        1e-9, max((s.at for s in now), default=0) - max((s.at for s in before), default=0)
-    )
-    window = bool(before)
-
-    def rate(kind: str, name: str, **match: str) -> float | None:
-        if not window:
-            return None
-        return (
-            _delta([s for s in now if s.kind == kind], before, lambda s: s.total(name, **match))
-            / seconds
-        )
-
-    def ms(value: float | None) -> float | None:
-        return None if value is None else round(value * 1000, 2)
-
-    features = [s for s in now if s.kind == "features"]
-    scoring = [s for s in now if s.kind == "scoring"]
-    up = {
-        kind: sum(1 for s in now if s.kind == kind and s.error is None)
-        for kind in ("features", "scoring")
-    }
-    out: dict[str, Any] = {
-        "window_s": round(seconds, 2) if window else None,
+    w = Window(now, before)
+    kinds = ("features", "scoring")
+    return {
+        "window_s": round(w.seconds, 2) if w.open else None,
         "workers": {
-            kind: [
-                {"url": s.url, "up": s.error is None, "error": s.error}
-                for s in now
-                if s.kind == kind
-            ]
-            for kind in ("features", "scoring")
+            kind: [{"url": s.url, "up": s.error is None, "error": s.error} for s in w.of(kind)]
+            for kind in kinds
         },
-        "up": up,
+        "up": {kind: sum(1 for s in w.of(kind) if s.error is None) for kind in kinds},
+        "features": _features(w),
+        "scoring": _scoring(w),
+        "lag": _lag(now),
     }
-    out["features"] = {
-        "clicks_applied_per_s": rate("features", "streamrank_features_events_applied_total"),
-        "duplicates_per_s": rate("features", "streamrank_features_events_duplicate_total"),
-        "dead_letters_per_s": rate("features", "streamrank_features_dead_letters_total"),
+
+
+def _features(w: Window) -> dict[str, Any]:
+    up = [s for s in w.of("features") if s.error is None]
+    return {
+        "clicks_applied_per_s": w.rate("features", "streamrank_features_events_applied_total"),
+        "duplicates_per_s": w.rate("features", "streamrank_features_events_duplicate_total"),
+        "dead_letters_per_s": w.rate("features", "streamrank_features_dead_letters_total"),
         "event_time_lag_s": max(
-            (
-                s.total("streamrank_features_event_time_lag_seconds")
-                for s in features
-                if s.error is None
-            ),
-            default=None,
+            (s.total("streamrank_features_event_time_lag_seconds") for s in up), default=None
         ),
+        "partitions": {s.url: int(s.total("streamrank_features_assigned_partitions")) for s in up},
+    }
+
+
+def _scoring(w: Window) -> dict[str, Any]:
+    scoring = w.of("scoring")
+    latency = "streamrank_scoring_request_latency_seconds_bucket"
+    buckets = _bucket_deltas(scoring, w.before, latency) if w.open else []
+    hits = w.delta("scoring", "streamrank_embedding_cache_hits_total")
+    misses = w.delta("scoring", "streamrank_embedding_cache_misses_total")
+    breakers = [
+        int(s.total("streamrank_scoring_breaker_state")) for s in scoring if s.error is None
+    ]
+    return {
+        "requests_per_s": w.rate("scoring", "streamrank_scoring_requests_total"),
+        "p50_ms": _ms(quantile(0.5, buckets)),
+        "p99_ms": _ms(quantile(0.99, buckets)),
+        "stage_mean_ms": _stage_means(w),
+        "cache_hit_ratio": round(hits / (hits + misses), 4) if w.open and hits + misses else None,
+        "degraded_share": _degraded_shares(w),
+        "dead_letters_per_s": w.rate("scoring", "streamrank_scoring_dead_letters_total"),
+        "breaker": BREAKER.get(max(breakers), "?") if breakers else None,
+        "models": _models(scoring),
         "partitions": {
-            s.url: int(s.total("streamrank_features_assigned_partitions"))
-            for s in features
+            s.url: int(s.total("streamrank_scoring_assigned_partitions"))
+            for s in scoring
             if s.error is None
         },
     }
-    latency = "streamrank_scoring_request_latency_seconds_bucket"
-    buckets = _bucket_deltas(scoring, before, latency) if window else []
-    stages = {}
+
+
+def _stage_means(w: Window) -> dict[str, float | None]:
+    """Mean milliseconds per scoring stage over the window (None: none observed)."""
+    means: dict[str, float | None] = {}
     for stage in STAGES:
-        count = _delta(
-            scoring,
-            before,
-            lambda s, st=stage: s.total("streamrank_scoring_stage_seconds_count", stage=st),
-        )
-        spent = _delta(
-            scoring,
-            before,
-            lambda s, st=stage: s.total("streamrank_scoring_stage_seconds_sum", stage=st),
-        )
-        stages[stage] = ms(spent / count) if window and count else None
-    answered = (
-        _delta(scoring, before, lambda s: s.total("streamrank_scoring_requests_total"))
-        if window
-        else 0.0
-    )
-    degraded: dict[str, float] = {}
-    if window and answered:
-        reasons = {r for s in scoring for r in s.by("streamrank_scoring_requests_total", "reason")}
-        for reason in sorted(reasons - {""}):
-            n = _delta(
-                scoring,
-                before,
-                lambda s, r=reason: s.total(
-                    "streamrank_scoring_requests_total", outcome="degraded", reason=r
-                ),
-            )
-            if n:
-                degraded[reason] = round(n / answered, 4)
-    hits = _delta(scoring, before, lambda s: s.total("streamrank_embedding_cache_hits_total"))
-    misses = _delta(scoring, before, lambda s: s.total("streamrank_embedding_cache_misses_total"))
+        count = w.delta("scoring", "streamrank_scoring_stage_seconds_count", stage=stage)
+        spent = w.delta("scoring", "streamrank_scoring_stage_seconds_sum", stage=stage)
+        means[stage] = _ms(spent / count) if w.open and count else None
+    return means
+
+
+def _degraded_shares(w: Window) -> dict[str, float]:
+    """The share of the window's replies degraded, per reason."""
+    name = "streamrank_scoring_requests_total"
+    answered = w.delta("scoring", name) if w.open else 0.0
+    shares: dict[str, float] = {}
+    if not (w.open and answered):
+        return shares
+    reasons = {r for s in w.of("scoring") for r in s.by(name, "reason")}
+    for reason in sorted(reasons - {""}):
+        n = w.delta("scoring", name, outcome="degraded", reason=reason)
+        if n:
+            shares[reason] = round(n / answered, 4)
+    return shares
+
+
+def _models(scoring: Sequence[Scrape]) -> dict[str, dict[str, Any]]:
+    """Each served version's traffic share (the largest any worker reports) and encoding."""
     shares: dict[str, float] = defaultdict(float)
     encodings: dict[str, str] = {}
     for s in scoring:
@@ -220,27 +248,11 @@ def figures(now: Sequence[Scrape], before: Sequence[Scrape]) -> dict[str, Any]:
         for labels in s.samples.get("streamrank_scoring_model_info", {}):
             d = dict(labels)
             encodings[d["version"]] = d["encoding"]
-    breakers = [
-        int(s.total("streamrank_scoring_breaker_state")) for s in scoring if s.error is None
-    ]
-    out["scoring"] = {
-        "requests_per_s": rate("scoring", "streamrank_scoring_requests_total"),
-        "p50_ms": ms(quantile(0.5, buckets)),
-        "p99_ms": ms(quantile(0.99, buckets)),
-        "stage_mean_ms": stages,
-        "cache_hit_ratio": round(hits / (hits + misses), 4) if window and hits + misses else None,
-        "degraded_share": degraded,
-        "dead_letters_per_s": rate("scoring", "streamrank_scoring_dead_letters_total"),
-        "breaker": BREAKER.get(max(breakers), "?") if breakers else None,
-        "models": {
-            v: {"share": shares[v], "encoding": encodings.get(v, "?")} for v in sorted(shares)
-        },
-        "partitions": {
-            s.url: int(s.total("streamrank_scoring_assigned_partitions"))
-            for s in scoring
-            if s.error is None
-        },
-    }
+    return {v: {"share": shares[v], "encoding": encodings.get(v, "?")} for v in sorted(shares)}
+
+
+def _lag(now: Sequence[Scrape]) -> dict[str, dict[str, float]]:
+    """Each consumer group's lag per ``topic[partition]``, as the workers report it."""
     lag: dict[str, dict[str, float]] = {}
     for kind, name in (
         ("features", "streamrank_features_consumer_lag"),
@@ -253,8 +265,7 @@ def figures(now: Sequence[Scrape], before: Sequence[Scrape]) -> dict[str, Any]:
                     d = dict(labels)
                     rows[f"{d.get('topic')}[{d.get('partition')}]"] = v
         lag[kind] = dict(sorted(rows.items()))
-    out["lag"] = lag
-    return out
+    return lag
 
 
 def _fmt(value: Any, unit: str = "", digits: int = 1) -> str:

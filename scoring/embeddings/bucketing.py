@@ -5,9 +5,8 @@ The bucket of a row must be the same in every process and every Python run, so P
 spread it to 64 bits with the splitmix64 finaliser (vectorised over the batch; CRC's low bits
 alone are linear and poorly mixed for a modulus), then ``% n_buckets``.
 
-Measured (150 ids): the per-id ``zlib.crc32`` generator plus a numpy finaliser takes ~10 us;
-a fully vectorised FNV-1a over the joined byte buffer took ~47 us (one numpy pass per character
-position costs more than the C call per id), so the simpler one stays.
+A fully vectorised hash (FNV-1a over the joined bytes) is slower: one numpy pass per character
+position costs more than one C call per id (docs/embeddings.md#redis-layout).
 """
 
 from __future__ import annotations

@@ -15,9 +15,8 @@ version's rows, and a version deleted and published again under the same name ne
 rows of its first publish (a batch with misses finds out from the fetch reply; its cached rows
 are then fetched again). A publish id has no ``\x1f``, so the first one splits a key
 unambiguously. Keys are strings rather than ``(publish_id, id)`` tuples because Python caches a
-string's hash and recomputes a tuple's on every dict operation: ~6% of a lookup's CPU
-(docs/benchmarks.md). Unknown ids are cached too (as the table's OOV row), since a publish is
-immutable.
+string's hash and recomputes a tuple's on every dict operation (docs/benchmarks.md). Unknown
+ids are cached too (as the table's OOV row), since a publish is immutable.
 """
 
 from __future__ import annotations
@@ -45,9 +44,8 @@ logger = logging.getLogger(__name__)
 Hold = Literal["encoded", "decoded"]
 
 # Python memory of one cache entry beyond its row bytes: the bytes object header, the key
-# string (publish id + id), the ordered-dict slot and links. Measured with tracemalloc on
-# CPython 3.11: ~180 B with 6-character ids (~215 B with the earlier tuple keys); 250 leaves
-# room for longer ids.
+# string (publish id + id), the ordered-dict slot and links, with room for long ids
+# (docs/embeddings.md#the-local-cache).
 ENTRY_OVERHEAD_BYTES = 250
 
 

@@ -34,7 +34,8 @@ _SEP = keys.FIELD_SEP
 # Reply: {publish id found} alone when a shard's differs (the table was deleted or republished:
 # re-read the meta), else {publish id, rows concatenated (zeros for missing), one flag byte per
 # id: '1' found, '0' missing, '2' wrong size}. Three reply elements for any batch size:
-# redis-py's pure-Python reply parser costs ~5 us per element, so per-row replies would dominate.
+# redis-py's pure-Python reply parser pays per element, so per-row replies would dominate
+# (docs/embeddings.md#reads-one-round-trip-per-batch).
 _FETCH_LUA = """
 local pid = ARGV[1]
 local np = tonumber(ARGV[3])

@@ -57,8 +57,8 @@ class CountMinSketch:
     def _indexes(self, hashes: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
         """Flat cell index of each key in each row: ``[4, n]`` into ``self._flat``."""
         # uint64 array arithmetic wraps without a warning (only numpy scalars warn), so no
-        # errstate block: it cost ~40% of this function. In place, then viewed as int64 (every
-        # index is < 2**63), which numpy indexes with faster than uint64.
+        # errstate block (a large share of this function's time). In place, then viewed as
+        # int64 (every index is < 2**63), which numpy indexes with faster than uint64.
         rows = hashes[None, :] * self._seeds  # [4, n]
         rows >>= self._shift_u64
         rows += self._offsets

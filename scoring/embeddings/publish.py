@@ -86,30 +86,12 @@ class TablePublisher:
         n, width = m32.shape
         oov = check_oov_row(oov_row, width, encoding)
         with redis_call(f"the publish of {version}/{table}", "run the publish again"):
-            if await self.redis.exists(keys.embedding_meta(version, table)):
-                raise EmbeddingError(
-                    f"table {table!r} of version {version!r} is already published and versions are "
-                    f"immutable; publish under a new version, or `streamrank embeddings delete "
-                    f"{version}` first"
-                )
+            await self._refuse_published(version, table)
             max_entries = min(
                 self.max_bucket_rows, await self._ensure_compact(encoding, width, id_list)
             )
-            # Rows left by an earlier publish that died before its meta: never mix them in.
-            leftovers = await self._delete_matching(keys.embedding_table_pattern(version, table))
-            if leftovers:
-                logger.warning(
-                    "removed %s keys left by an unfinished publish of %s/%s",
-                    leftovers,
-                    version,
-                    table,
-                )
-            hashes = stable_hash(id_list)
-            n_buckets = choose_bucket_count(
-                hashes, max_entries=max_entries, target_fill=self.bucket_fill
-            )
-            n_shards = min(self.shards, n_buckets)
-            buckets = (hashes % np.uint64(n_buckets)).astype(np.int64)  # [n]
+            await self._remove_leftovers(version, table)
+            n_buckets, n_shards, buckets = self._layout(id_list, max_entries)
             encoded = encode_rows(m32, encoding)  # [n, row_bytes]
             max_rows = await self._write_rows(
                 version, table, id_list, encoded, buckets, n_shards, progress=progress
@@ -126,14 +108,7 @@ class TablePublisher:
                 "publish_id": publish_id,
             }
             compact = await self._is_compact(version, table, buckets, n_shards)
-            pipe = NodePipeline(self.redis)
-            for shard in range(n_shards):
-                key = keys.embedding_publish_id(version, table, shard)
-                pipe.add(key, "SET", key, publish_id)
-            await pipe.execute()
-            meta_key, versions_key = keys.embedding_meta(version, table), keys.embedding_versions()
-            await self.redis.hset(meta_key, mapping=meta)
-            await self.redis.sadd(versions_key, version)
+            await self._write_meta(version, table, n_shards, publish_id, meta)
         if not compact:
             logger.warning(
                 "%s/%s: buckets are not in Redis' compact encoding (memory several times larger); "
@@ -153,6 +128,48 @@ class TablePublisher:
             compact=compact,
             seconds=time.perf_counter() - started,
         )
+
+    async def _refuse_published(self, version: str, table: str) -> None:
+        if await self.redis.exists(keys.embedding_meta(version, table)):
+            raise EmbeddingError(
+                f"table {table!r} of version {version!r} is already published and versions are "
+                f"immutable; publish under a new version, or `streamrank embeddings delete "
+                f"{version}` first"
+            )
+
+    async def _remove_leftovers(self, version: str, table: str) -> None:
+        """Rows left by an earlier publish that died before its meta: never mix them in."""
+        leftovers = await self._delete_matching(keys.embedding_table_pattern(version, table))
+        if leftovers:
+            logger.warning(
+                "removed %s keys left by an unfinished publish of %s/%s",
+                leftovers,
+                version,
+                table,
+            )
+
+    def _layout(self, ids: list[str], max_entries: int) -> tuple[int, int, npt.NDArray[np.int64]]:
+        """``(buckets, shards, bucket of each row)``: enough buckets to stay compact."""
+        hashes = stable_hash(ids)
+        n_buckets = choose_bucket_count(
+            hashes, max_entries=max_entries, target_fill=self.bucket_fill
+        )
+        n_shards = min(self.shards, n_buckets)
+        buckets = (hashes % np.uint64(n_buckets)).astype(np.int64)  # [n]
+        return n_buckets, n_shards, buckets
+
+    async def _write_meta(
+        self, version: str, table: str, shards: int, publish_id: str, meta: dict[str, Any]
+    ) -> None:
+        """Each shard's publish id, then the meta (which publishes the table), then the version."""
+        pipe = NodePipeline(self.redis)
+        for shard in range(shards):
+            key = keys.embedding_publish_id(version, table, shard)
+            pipe.add(key, "SET", key, publish_id)
+        await pipe.execute()
+        meta_key, versions_key = keys.embedding_meta(version, table), keys.embedding_versions()
+        await self.redis.hset(meta_key, mapping=meta)
+        await self.redis.sadd(versions_key, version)
 
     async def _ensure_compact(self, encoding: str, dim: int, ids: list[str]) -> int:
         """Make sure rows and ids fit the compact hash encoding; returns the max entries per hash."""

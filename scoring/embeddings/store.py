@@ -74,10 +74,8 @@ class EmbeddingStore:
             publish_batch_rows=publish_batch_rows,
             bucket_fill=bucket_fill,
             # HGET scans a compact hash linearly, so fuller buckets make every lookup slower
-            # while saving little memory: measured at 200k int8 rows, a cap of 128 / 64 / 32
-            # rows per bucket gave 44.7 / 46.4 / 52.7 B/row and 420 / 359 / 315 us of server
-            # time per 150-id fetch (docs/embeddings.md). 64 (about 38 rows per bucket) is the
-            # middle.
+            # while saving little memory; 64 is the middle of the measured trade-off
+            # (docs/embeddings.md#redis-layout).
             max_bucket_rows=max_bucket_rows,
             # Shards (hash tags) per table: how many cluster slots, hence up to how many
             # masters, one table spreads over; a batch reads at most this many per fetch.

@@ -188,6 +188,26 @@ class Tick:
     lease: bool = True
 
 
+def _next_state(
+    state: RolloutState, decision: Decision, now: int
+) -> tuple[RolloutState, tuple[str, str]]:
+    """The state a rollback, promotion or advance leads to, and the serving pointers it sets."""
+    if decision.action == "rollback":
+        after = state.evolve(
+            status="rolled_back",
+            reason=f"rolled back at {state.steps[state.step]}%: {decision.reason}",
+            updated_ms=now,
+        )
+        return after, ("activate", state.old)
+    if decision.action == "promote":
+        after = state.evolve(
+            status="promoted", reason=f"promoted: {decision.reason}", updated_ms=now
+        )
+        return after, ("activate", state.new)
+    after = state.evolve(step=state.step + 1, since_ms=now, reason=decision.reason, updated_ms=now)
+    return after, ("split", after.split_text())
+
+
 class RolloutDriver:
     """Drives the rollout in Redis until it ends; one per deployment acts (the lease)."""
 
@@ -216,15 +236,7 @@ class RolloutDriver:
     async def tick(self) -> Tick:
         """One look: renew the lease, evaluate the guard, act if it is time."""
         if not await self._store.lease(self.owner, self._lease_ms):
-            holder, left = await self._store.lease_holder()
-            if not self._waiting_logged:
-                logger.info(
-                    "another driver holds the rollout lease (%s, %.0fs left); waiting",
-                    holder,
-                    left / 1000,
-                )
-                self._waiting_logged = True
-            return Tick(await self._store.read(), lease=False)
+            return await self._wait_for_lease()
         self._waiting_logged = False
         state = await self._store.read()
         if state is None or not state.active:
@@ -232,13 +244,40 @@ class RolloutDriver:
         now = self._clock()
         split = _text(await self._redis.get(keys.model_split()))
         if state.status == "running" and split != state.split_text():
-            reason = (
-                f"the split was changed outside the rollout (now {split or 'unset'}, expected "
-                f"{state.split_text()}); paused: resume to restore the step's split, or abort"
+            return await self._pause_for_outside_split(state, split, now)
+        tick = await self._judge(state, now)
+        self.metrics.set_share(state.new, state.old, state.share)
+        if tick.decision is not None and tick.decision.action != "hold":
+            await self._act(tick, state, tick.decision, now)
+        self.last = tick
+        return tick
+
+    async def _wait_for_lease(self) -> Tick:
+        """Another driver holds the lease: say so once, and only look."""
+        holder, left = await self._store.lease_holder()
+        if not self._waiting_logged:
+            logger.info(
+                "another driver holds the rollout lease (%s, %.0fs left); waiting",
+                holder,
+                left / 1000,
             )
-            paused = state.evolve(status="paused", reason=reason, updated_ms=now)
-            applied = await self._apply(state, paused, "pause", reason, ("none", ""), now)
-            return Tick(paused if applied.ok else await self._store.read(), acted=applied.ok)
+            self._waiting_logged = True
+        return Tick(await self._store.read(), lease=False)
+
+    async def _pause_for_outside_split(
+        self, state: RolloutState, split: str | None, now: int
+    ) -> Tick:
+        """Someone moved the split by hand: pause rather than judge a split we did not set."""
+        reason = (
+            f"the split was changed outside the rollout (now {split or 'unset'}, expected "
+            f"{state.split_text()}); paused: resume to restore the step's split, or abort"
+        )
+        paused = state.evolve(status="paused", reason=reason, updated_ms=now)
+        applied = await self._apply(state, paused, "pause", reason, ("none", ""), now)
+        return Tick(paused if applied.ok else await self._store.read(), acted=applied.ok)
+
+    async def _judge(self, state: RolloutState, now: int) -> Tick:
+        """Read both versions' statistics for the step's window, evaluate the guard, decide."""
         window = Window(state.since_ms, now, self._bucket_s)
         stats = await read_stats(self._redis, [state.new, state.old], window)
         summaries = {v: summarize(s) for v, s in stats.items()}
@@ -248,12 +287,7 @@ class RolloutDriver:
             stats[state.old],
             min_outcomes=state.min_outcomes,
         )
-        for r in results:
-            for bound, value in zip(
-                ("value", "lo", "hi"), (r.estimate.value, r.estimate.lo, r.estimate.hi), strict=True
-            ):
-                if value is not None:
-                    self.metrics.guard_diff.labels(r.check.metric, bound).set(value)
+        self._export_guard(results)
         decision = decide(
             results,
             step=state.step,
@@ -263,28 +297,19 @@ class RolloutDriver:
             hold_ms=int(state.hold_s * 1000),
             paused=state.status == "paused",
         )
-        tick = Tick(state, decision, results, summaries)
-        self.metrics.set_share(state.new, state.old, state.share)
-        if decision.action == "hold":
-            self.last = tick
-            return tick
-        if decision.action == "rollback":
-            after = state.evolve(
-                status="rolled_back",
-                reason=f"rolled back at {state.steps[state.step]}%: {decision.reason}",
-                updated_ms=now,
-            )
-            pointers: tuple = ("activate", state.old)
-        elif decision.action == "promote":
-            after = state.evolve(
-                status="promoted", reason=f"promoted: {decision.reason}", updated_ms=now
-            )
-            pointers = ("activate", state.new)
-        else:
-            after = state.evolve(
-                step=state.step + 1, since_ms=now, reason=decision.reason, updated_ms=now
-            )
-            pointers = ("split", after.split_text())
+        return Tick(state, decision, results, summaries)
+
+    def _export_guard(self, results: list[CheckResult]) -> None:
+        for r in results:
+            for bound, value in zip(
+                ("value", "lo", "hi"), (r.estimate.value, r.estimate.lo, r.estimate.hi), strict=True
+            ):
+                if value is not None:
+                    self.metrics.guard_diff.labels(r.check.metric, bound).set(value)
+
+    async def _act(self, tick: Tick, state: RolloutState, decision: Decision, now: int) -> None:
+        """Apply a rollback, promotion or advance; ``tick`` records the state it left."""
+        after, pointers = _next_state(state, decision, now)
         applied = await self._apply(state, after, decision.action, after.reason, pointers, now)
         if applied.ok and decision.action == "rollback":
             for metric in decision.failed:
@@ -293,8 +318,6 @@ class RolloutDriver:
         tick.acted = applied.ok
         if applied.ok:
             self.metrics.set_share(after.new, after.old, after.share)
-        self.last = tick
-        return tick
 
     async def _apply(
         self,

@@ -21,8 +21,8 @@ step advances when its hold time has passed and every check passes.
 The driver looks at every tick, so the guard's intervals are **time-uniform** (an asymptotic
 confidence sequence, :func:`scoring.rollout.stats.sequential_z`, tuned for ``min_outcomes``):
 a version as good as the old one is rolled back with probability at most 2.5 % per step,
-however many looks. Fixed-sample 95 % intervals looked at every tick were measured to roll
-back an identical twin in 7 of 100 simulated rollouts (docs/rollout.md).
+however many looks; fixed-sample 95 % intervals looked at every tick would roll back an
+identical twin far more often (docs/rollout.md).
 """
 
 from __future__ import annotations

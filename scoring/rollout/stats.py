@@ -6,7 +6,7 @@ any length is the sum of its buckets. From the sums (:func:`summarize`):
 
 - CTR@k: share of requests with a click among the top k by served score; Wilson score interval.
 - AUC of the served scores against the clicks, pooled over every impression: from score
-  histograms (400 logit bins; binning moves the ml-100k DIN AUC by 1e-5); DeLong's variance,
+  histograms (400 logit bins: binning barely moves the AUC, docs/rollout.md); DeLong's variance,
   computed from the same histograms (ties = one bin).
 - GAUC: per-request AUC weighted by the request's item count (requests with a click and a
   non-click); normal interval of the weighted mean, requests as the unit.

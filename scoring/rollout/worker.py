@@ -37,6 +37,7 @@ from scoring.rollout.online import WINDOWS, Window, read_summaries, recent_versi
 from scoring.rollout.records import Served, decode_served, outcome_record
 from streamrank import clock, keys
 from streamrank.errors import (
+    INTERNAL_RECORD_ERROR,
     UNDECODABLE_BATCH,
     ConfigError,
     ContractError,
@@ -279,7 +280,7 @@ class OutcomesWorker:
             try:
                 click = self._decode_click(record)
             except Exception as exc:
-                reason = exc.reason if isinstance(exc, ContractError) else "internal_error"
+                reason = exc.reason if isinstance(exc, ContractError) else INTERNAL_RECORD_ERROR
                 self.metrics.skipped_clicks.labels(reason).inc()
                 continue
             if click.action not in self._actions:

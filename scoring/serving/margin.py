@@ -1,18 +1,11 @@
 """How much time a request must have left to be worth its batch's Redis round trip.
 
-Every Redis wait of a batch is bounded by the batch's earliest deadline. A request that arrives
-a moment before its deadline would bound that wait to almost nothing, and the whole batch would
-be cut short and answered degraded although Redis answered in its usual time: seen after a
-scoring-worker failover, where one batch of the dead worker's backlog gave 27 requests with
-seconds left a ``redis_unavailable`` reply because one of them had a millisecond left. A request
-with less time left than Redis usually takes is answered ``expired`` at once instead.
-
-That guess can be short when Redis is slower than usual (a survivor taking over a dead worker's
-partitions: bigger batches on a loaded host), so one request's deadline may also bound its
-batch's wait only down to ``min_wait_ms`` after the batch arrived (the cap, half the budget): a
-request with less time left than that is answered late (scored) if Redis takes longer than its
-deadline, instead of costing its batch-mates their scores (the same failover test failed so in
-a clean-clone CI run: 31 requests ``redis_unavailable`` behind one with a few ms left).
+Every Redis wait of a batch is bounded by the batch's earliest deadline, so one request about
+to expire must not cut its whole batch short. A request with less time left than Redis usually
+takes is answered ``expired`` at once; and since that guess runs short when Redis slows down,
+a deadline bounds the wait only down to ``min_wait_ms`` (half the budget): a request left in
+between is answered late rather than cost its batch-mates their scores. Why both rules:
+docs/reliability.md#requests-near-their-deadline.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Reply routing, deadlines and the replies that carry no model scores (pure functions)."""
+"""Reply routing, deadlines and the replies that carry no model scores (pure functions); the
+reason codes are part of the contract (:mod:`schemas.reasons`)."""
 
 from __future__ import annotations
 
@@ -7,24 +8,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from schemas import RankRequest, RankResult
-
-# reason values of degraded replies (scores present, flagged) ...
-EXPIRED = "expired"
-REDIS_UNAVAILABLE = "redis_unavailable"
-BREAKER_OPEN = "breaker_open"
-NO_MODEL = "no_model"
-MODEL_UNAVAILABLE = "model_unavailable"
-INTERNAL_ERROR = "internal_error"
-# ... and of error replies (no scores: the request was refused). The reason is
-# "<code>: <detail>"; clients recognise an error reply by the code before the colon.
-INVALID_REQUEST = "invalid_request"
-REPLY_TO_NOT_ALLOWED = "reply_to_not_allowed"
-ERROR_CODES = frozenset({INVALID_REQUEST, REPLY_TO_NOT_ALLOWED})
-
-
-def is_error_reply(result: RankResult) -> bool:
-    """True for a refusal (no scores), as opposed to a normal or degraded reply."""
-    return result.reason is not None and result.reason.split(":", 1)[0] in ERROR_CODES
 
 
 def reply_topic(

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from schemas import RankRequest, RankResult
+from schemas import RankRequest, RankResult, reasons
 from scoring.serving import replies
 from scoring.serving.assemble import assemble, gather, split_scores
 from scoring.serving.breaker import CircuitBreaker
@@ -142,7 +142,7 @@ class RankService:
         for i, incoming in enumerate(batch):
             if deadlines[i] <= too_late:
                 expired.append(i)
-                out[i] = Ranked(self._result(incoming, (), "", True, replies.EXPIRED, {}))
+                out[i] = Ranked(self._result(incoming, (), "", True, reasons.EXPIRED, {}))
             else:
                 live.append(i)
         if expired and self._log_served:
@@ -169,11 +169,11 @@ class RankService:
     ) -> list[Ranked]:
         serving = self._serving()
         if serving is None:
-            return await self._fallback(batch, replies.NO_MODEL, start, until_ms)
+            return await self._fallback(batch, reasons.NO_MODEL, start, until_ms)
         users = [b.request.user_id for b in batch]
         routed = serving.assign(users)
         if not self._breaker.allow():
-            return await self._fallback(batch, replies.BREAKER_OPEN, start, None, routed=routed)
+            return await self._fallback(batch, reasons.BREAKER_OPEN, start, None, routed=routed)
         t0 = time.perf_counter()
         try:
             async with self._within(until_ms):
@@ -216,20 +216,8 @@ class RankService:
                     self._recent.add(assembled.unique_ids)
         except REDIS_FAILURES as exc:
             return await self._redis_failed(batch, exc, start, until_ms, routed)
-        except StreamrankError as exc:
-            self._breaker.record_success()  # Redis answered: ends a half-open probe
-            logger.error("model version unusable (%s); serving popularity fallback", exc)
-            return await self._fallback(
-                batch, replies.MODEL_UNAVAILABLE, start, until_ms, routed=routed
-            )
-        except Exception:
-            self._breaker.record_success()  # Redis answered: ends a half-open probe
-            logger.exception(
-                "scoring a batch of %d failed; serving popularity fallback", len(batch)
-            )
-            return await self._fallback(
-                batch, replies.INTERNAL_ERROR, start, until_ms, routed=routed
-            )
+        except Exception as exc:
+            return await self._scoring_failed(batch, exc, start, until_ms, routed)
         self._breaker.record_success()
         self._margin.observe((t_seq + t_lookup) * 1000)
         stages = {
@@ -251,6 +239,25 @@ class RankService:
         return out
 
     # --- degradation ------------------------------------------------------------------------
+
+    async def _scoring_failed(
+        self,
+        batch: Sequence[Incoming],
+        exc: Exception,
+        start: float,
+        until_ms: int,
+        routed: Sequence[str],
+    ) -> list[Ranked]:
+        """Redis answered but scoring failed: an unusable model version or a bug; the batch gets
+        the popularity fallback. Call it from the ``except`` block (it logs the traceback)."""
+        self._breaker.record_success()  # Redis answered: ends a half-open probe
+        if isinstance(exc, StreamrankError):
+            logger.error("model version unusable (%s); serving popularity fallback", exc)
+            return await self._fallback(
+                batch, reasons.MODEL_UNAVAILABLE, start, until_ms, routed=routed
+            )
+        logger.exception("scoring a batch of %d failed; serving popularity fallback", len(batch))
+        return await self._fallback(batch, reasons.INTERNAL_ERROR, start, until_ms, routed=routed)
 
     def _routed(self, batch: Sequence[Incoming]) -> list[str] | None:
         """The version each request is routed to by the current split (None: no model)."""
@@ -289,7 +296,7 @@ class RankService:
                 )
                 self._cut_logged_at, self._cut_by_deadline = now, 0
             return await self._fallback(
-                batch, replies.REDIS_UNAVAILABLE, start, None, routed=routed
+                batch, reasons.REDIS_UNAVAILABLE, start, None, routed=routed
             )
         self._breaker.record_failure()
         logger.warning(
@@ -299,7 +306,7 @@ class RankService:
             exc,
         )
         return await self._fallback(
-            batch, replies.REDIS_UNAVAILABLE, start, until_ms, routed=routed
+            batch, reasons.REDIS_UNAVAILABLE, start, until_ms, routed=routed
         )
 
     async def _fallback(

@@ -32,6 +32,7 @@ from schemas import (
     decode_request,
     peek_field,
     peek_request_id,
+    reasons,
 )
 from scoring.serving import replies
 from scoring.serving.breaker import CircuitBreaker
@@ -338,9 +339,9 @@ class ScoringWorker:
 
         Up to ``scoring_pipeline_depth`` micro-batches are in flight, so one batch's compute
         overlaps the other's waits (Redis round trips, the broker's acks, the commit). All
-        compute stays on the event loop thread: a forward on a second thread measured slower
-        (it waits for the GIL between torch ops). Offsets are still committed in order: a batch
-        commits only after the one before it did.
+        compute stays on the event loop thread: a forward on a second thread is slower (it
+        waits for the GIL between torch ops; docs/scoring.md). Offsets are still committed in
+        order: a batch commits only after the one before it did.
         """
         inflight = self._inflight
         try:
@@ -458,7 +459,7 @@ class ScoringWorker:
                     result = replies.error_reply(
                         request.request_id,
                         request.user_id,
-                        replies.REPLY_TO_NOT_ALLOWED,
+                        reasons.REPLY_TO_NOT_ALLOWED,
                         detail,
                         now_ms=received,
                     )
@@ -500,7 +501,7 @@ class ScoringWorker:
         return decode_request(record.value, self._limits)
 
     def _reply(self, topic: str, result: RankResult, record: ConsumerRecord[Any, Any]) -> _Outgoing:
-        error = replies.is_error_reply(result)
+        error = reasons.is_error_reply(result)
         self.metrics.observe_reply(
             degraded=result.degraded, reason=result.reason, error=error, topic=topic
         )
@@ -550,7 +551,7 @@ class ScoringWorker:
         request_id = peek_request_id(record.value, max_length=self._limits.max_id_length)
         if request_id is not None:
             result = replies.error_reply(
-                request_id, "", replies.INVALID_REQUEST, f"{exc.reason}: {exc}", now_ms=at
+                request_id, "", reasons.INVALID_REQUEST, f"{exc.reason}: {exc}", now_ms=at
             )
             # The caller listens where it asked to be answered, when that topic is allowed.
             topic = replies.reply_topic(

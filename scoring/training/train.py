@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Hyper-parameters; the defaults train ml-100k in well under 5 minutes on 2 cores."""
+    """Hyper-parameters; the defaults train ml-100k on a CPU in minutes (docs/model.md)."""
 
     epochs: int = 3
     batch_size: int = 256

@@ -121,8 +121,8 @@ def cluster_client(url: str, extra_nodes: tuple[str, ...] = (), **kwargs: Any) -
     startup = [ClusterNode(*_host_port(node)) for node in extra_nodes]
     kwargs.setdefault("require_full_coverage", False)
     # One retry (with a fresh slot map) inside redis-py, then the error: our callers retry with
-    # back-off (features) or reply degraded (scoring). redis-py's default, 3 retries with 0.25 s
-    # pauses, held a batch for 2.5 s while a slot had no master.
+    # back-off (features) or reply degraded (scoring); redis-py's default retries would hold a
+    # batch for seconds while a slot has no master (docs/scaling.md, "What the client handles").
     kwargs.setdefault("retry", Retry(NoBackoff(), CLUSTER_RETRIES))
     return RedisCluster.from_url(url, startup_nodes=startup or None, **kwargs)
 

@@ -40,9 +40,8 @@ from streamrank.errors import RedisUnavailable
 
 # BusyLoadingError and MaxConnectionsError are ConnectionErrors, MasterDownError and
 # ClusterDownError ClusterErrors, MovedError an AskError: listed by their bases. OSError: a
-# socket error that escapes redis-py while the server goes away mid-reply (seen with the
-# features worker's writes when Redis was stopped under load). SlotNotCoveredError is not a
-# RedisError (redis-py raises it before sending anything).
+# socket error that escapes redis-py when the server goes away mid-reply (Redis stopped under a
+# write load). SlotNotCoveredError is not a RedisError (redis-py raises it before sending).
 TRANSIENT: tuple[type[Exception], ...] = (
     RedisConnectionError,
     RedisTimeoutError,

@@ -1,9 +1,9 @@
 """hiredis' C command packer for our asyncio Redis connections (the one place that swaps it in).
 
 redis-py's synchronous connections pack commands with ``hiredis.pack_command`` when hiredis is
-installed; its asyncio connections always use the pure-Python packer (redis/redis-py#4176, fix
-proposed in #4191). An embedding fetch is one EVALSHA with ~60 arguments (a key per touched
-bucket): measured on this project's 2-core host, 104 us to pack in Python, 11 us with hiredis.
+installed; its asyncio connections always use the pure-Python packer (redis/redis-py#4176). An
+embedding fetch is one EVALSHA with a key per touched bucket, which the C packer packs several
+times faster (docs/benchmarks.md).
 
 The swap uses public redis-py API only: a subclass of each asyncio connection class overriding
 ``pack_command`` (``pack_commands``, used by pipelines, calls it per command), installed as the

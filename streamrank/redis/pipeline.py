@@ -5,8 +5,8 @@ multi-key command of ours stays in one slot, see :mod:`streamrank.keys`). On a s
 it is a plain non-transactional pipeline: one round trip. On a cluster it is redis-py's
 cluster pipeline with every command addressed to the node that serves its route, which groups
 the commands by node and sends the nodes' pipelines concurrently: one round trip of wall time.
-Addressing the node ourselves skips redis-py's per-command slot and policy lookup (measured:
-half the client CPU of a 700-command batch), and everything else stays redis-py's: a command
+Addressing the node ourselves skips redis-py's per-command slot and policy lookup (much of the
+client CPU of a large batch: docs/scaling.md), and everything else stays redis-py's: a command
 answered ``MOVED``/``ASK`` (a slot moving while the batch is in flight) is sent again on its
 own through the cluster client, which follows the redirection and updates its slot map; a node
 that does not answer makes redis-py refresh the topology and retry the pipeline.

@@ -136,8 +136,8 @@ class ScoringSettings(Section):
         ge=1,
         description="torch intra-op threads per process. Keep 1 and scale with worker "
         "processes, at most one per core left free by Redis, the broker and the rest of the host: "
-        "on 2 shared cores 2 threads cut forward-only req/s 4.6x and end-to-end max_rps by a "
-        "quarter (docs/benchmarks.md, 'Model cost').",
+        "the forward's ops are too small to gain from a second thread, which only costs hand-overs "
+        "(docs/benchmarks.md, 'Model cost').",
     )
     torch_interop_threads: int = Field(
         1,
@@ -148,9 +148,9 @@ class ScoringSettings(Section):
         "fp32",
         description="How the scoring worker serves the DIN's dense weights: fp32 (as trained) or "
         "int8 (torch dynamic quantisation of the attention unit's Linear layers; the head stays "
-        "fp32). Measured on ml-100k: int8 test AUC within 0.0001 of fp32 but 0.61x the speed for "
-        "one request, so fp32 is the default (docs/benchmarks.md, 'Model cost'). `streamrank "
-        "replay` scores offline with the same option.",
+        "fp32). int8 keeps the AUC but is slower for one request at these layer sizes, so fp32 "
+        "is the default (docs/benchmarks.md, 'Model cost'). `streamrank replay` scores offline "
+        "with the same option.",
     )
     breaker_failures: int = Field(
         3, ge=1, description="Redis failures in a row that open the breaker."

@@ -20,7 +20,7 @@ import logging
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +158,38 @@ def workers_stopped(handles: dict[str, WorkerProcess]) -> Iterator[None]:
             handle.stop()
 
 
+class ScoringWorkers:
+    """A scenario's scoring workers by name, each started and waited for until ready; with
+    static membership each has a group instance id of its own name."""
+
+    def __init__(self, settings: Settings, *, tag: str, static: bool, logs: Path) -> None:
+        self._settings, self._tag, self._static, self._logs = settings, tag, static, logs
+        self.handles: dict[str, WorkerProcess] = {}
+
+    def start(self, name: str) -> None:
+        s = self._settings
+        extra = (
+            {"STREAMRANK_KAFKA_GROUP_INSTANCE_ID": f"{s.scoring.group_id}-{name}"}
+            if self._static
+            else {}
+        )
+        self.handles[name] = start_worker(
+            "scoring", s, log_path=self._logs / f"{self._tag}-{name}.log", metrics_port=0,
+            extra_env=extra,
+        )  # fmt: skip
+        self.handles[name].wait_ready(180)
+
+    def stop(self, name: str) -> None:
+        self.handles.pop(name).stop()
+
+    def restart(self, name: str) -> None:
+        self.stop(name)
+        self.start(name)
+
+
+Change = tuple[str, float, int]  # (what, perf_counter when it began, members after)
+
+
 async def scoring_scenario(
     base: Settings, args: argparse.Namespace, *, version: str, static: bool, logs: Path
 ) -> dict[str, Any]:
@@ -169,64 +201,22 @@ async def scoring_scenario(
         STREAMRANK_SCORING_BUDGET_MS=60_000, STREAMRANK_METRICS_PORT=0,
     )  # fmt: skip
     await create_topics(s, partitions=args.partitions, topics=(s.topics.requests, s.topics.results))
-    handles: dict[str, WorkerProcess] = {}
-
-    def start(name: str) -> None:
-        extra = (
-            {"STREAMRANK_KAFKA_GROUP_INSTANCE_ID": f"{s.scoring.group_id}-{name}"} if static else {}
-        )
-        handles[name] = start_worker(
-            "scoring", s, log_path=logs / f"{tag}-{name}.log", metrics_port=0, extra_env=extra
-        )
-        handles[name].wait_ready(180)
-
-    def restart(name: str) -> None:
-        handles.pop(name).stop()
-        start(name)
-
-    events: list[tuple[str, float, int]] = []  # (what, perf_counter, members after)
+    workers = ScoringWorkers(s, tag=tag, static=static, logs=logs)
     layouts: dict[str, dict[str, list[int]]] = {}
     total = int(args.rate * args.phase_s * 6 + args.rate * 60)
     requests = make_requests(
         n=total, users=500, n_items=args.items, candidates=20, zipf_a=1.1, seed=3
     )
-    with workers_stopped(handles):
-        start("w1")
-        layouts["1 worker"] = await settled(
-            s,
-            s.scoring.group_id,
-            s.topics.requests,
-            members=1,
-            partitions=args.partitions,
-            workers=handles,
-        )
+    with workers_stopped(workers.handles):
+        workers.start("w1")
+        layouts["1 worker"] = await settled_scoring(s, args, workers, members=1)
         async with Driver(
             settings=s, requests_topic=s.topics.requests, results_topic=s.topics.results
         ) as driver:
             async with Load(driver, requests, args.rate).running():
                 await asyncio.sleep(args.phase_s)
                 steady = (time.perf_counter() - args.phase_s + 2, time.perf_counter())
-                plan: list[tuple[str, Any, int]] = [
-                    ("join: 1 -> 2", lambda: start("w2"), 2),
-                    ("join: 2 -> 3", lambda: start("w3"), 3),
-                    ("leave: 3 -> 2", lambda: handles.pop("w3").stop(), 2),
-                    ("restart: one of 2", lambda: restart("w1"), 2),
-                ]
-                for what, action, members in plan:
-                    at = time.perf_counter()
-                    await asyncio.to_thread(action)
-                    events.append((what, at, members))
-                    layouts[what] = await settled(
-                        s,
-                        s.scoring.group_id,
-                        s.topics.requests,
-                        members=members,
-                        partitions=args.partitions,
-                        workers=handles,
-                    )
-                    left = args.phase_s - (time.perf_counter() - at)
-                    if left > 0:
-                        await asyncio.sleep(left)
+                changes = await change_membership(s, args, workers, layouts)
             await driver.wait_answered(90)
             stats = driver.stats
     sent, got = stats.sent, stats.got
@@ -240,10 +230,49 @@ async def scoring_scenario(
                 **window_stats(sent, got, at - WINDOW_BEFORE_S, at + WINDOW_AFTER_S),
                 "partitions": layouts[what],
             }
-            for what, at, _members in events
+            for what, at, _members in changes
         },
         "partitions_1_worker": layouts["1 worker"],
     }
+
+
+async def settled_scoring(
+    s: Settings, args: argparse.Namespace, workers: ScoringWorkers, *, members: int
+) -> dict[str, list[int]]:
+    return await settled(
+        s,
+        s.scoring.group_id,
+        s.topics.requests,
+        members=members,
+        partitions=args.partitions,
+        workers=workers.handles,
+    )
+
+
+async def change_membership(
+    s: Settings,
+    args: argparse.Namespace,
+    workers: ScoringWorkers,
+    layouts: dict[str, dict[str, list[int]]],
+) -> list[Change]:
+    """1 -> 2 -> 3 -> 2 workers, then one restarted, ``args.phase_s`` apart; each change's
+    partition layout once settled goes into ``layouts``."""
+    changes: list[Change] = []
+    plan: list[tuple[str, Callable[[], None], int]] = [
+        ("join: 1 -> 2", lambda: workers.start("w2"), 2),
+        ("join: 2 -> 3", lambda: workers.start("w3"), 3),
+        ("leave: 3 -> 2", lambda: workers.stop("w3"), 2),
+        ("restart: one of 2", lambda: workers.restart("w1"), 2),
+    ]
+    for what, action, members in plan:
+        at = time.perf_counter()
+        await asyncio.to_thread(action)
+        changes.append((what, at, members))
+        layouts[what] = await settled_scoring(s, args, workers, members=members)
+        left = args.phase_s - (time.perf_counter() - at)
+        if left > 0:
+            await asyncio.sleep(left)
+    return changes
 
 
 async def features_scenario(

@@ -52,7 +52,7 @@ FILES = {
     "cache_hit_rate": "cache_hit_rate.png",
     "streams_throughput": "streams_throughput.png",
 }
-# The goals of issue 13, drawn as reference lines.
+# The performance goals (docs/benchmarks.md), drawn as reference lines.
 GOAL_P99_MS_AT_200 = 25.0
 GOAL_EVENTS_VS_RAW = 0.5
 GOAL_CLICK_VISIBLE_P99_MS = 20.0

@@ -30,13 +30,18 @@ import asyncio
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from streamrank.settings import Settings
 from workbench.bench.rollout_sim import say
+from workbench.bench.rollout_traffic import Traffic
+
+if TYPE_CHECKING:
+    from workbench.devstack.processes import WorkerProcess
 
 # Latency as `slower` (new against old in the same window), not an absolute budget: the bursts of
 # this benchmark on a shared machine push every version's p99 to seconds (docs/rollout.md).
@@ -124,99 +129,6 @@ def workers_settings(settings: Settings, *, run: str, bucket_s: int) -> Settings
     )
 
 
-class Traffic:
-    """Rounds of test users through the stack: histories as clicks, one request each, then the
-    held-out positive as a click after the reply."""
-
-    def __init__(
-        self, *, settings: Settings, redis: Any, cases: Sequence[Any], chunk: int,
-        concurrency: int, progress: bool,
-    ) -> None:  # fmt: skip
-        self.settings = settings
-        self.redis = redis
-        self.cases = list(cases)
-        self.chunk = chunk
-        self.concurrency = concurrency
-        self.progress = progress
-        self.requests = 0
-        self.degraded = 0
-        self.unanswered = 0
-        self._producer: Any = None
-        self._client: Any = None
-
-    async def __aenter__(self) -> Traffic:
-        from scoring.client import RankClient
-        from streamrank.kafka import clients as kafka
-
-        self._producer = kafka.producer(self.settings.kafka, acks="all", linger_ms=5)
-        await self._producer.start()
-        self._client = RankClient(settings=self.settings, default_timeout_s=120.0)
-        await self._client.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._client is not None:
-            await self._client.stop()
-        if self._producer is not None:
-            await self._producer.stop()
-
-    async def _send(self, events: Sequence[Any]) -> None:
-        for start in range(0, len(events), 2000):
-            futures = [
-                await self._producer.send(
-                    self.settings.topics.clicks, e.to_json(), key=e.user_id.encode()
-                )
-                for e in events[start : start + 2000]
-            ]
-            await asyncio.gather(*futures)
-
-    async def round(self, prefix: str, *, until: asyncio.Task[Any] | None = None) -> None:
-        """All test users once under ``prefix``, in chunks; stops early once ``until`` ends."""
-        for start in range(0, len(self.cases), self.chunk):
-            if until is not None and until.done():
-                return
-            await self._chunk(prefix, start, self.cases[start : start + self.chunk])
-
-    async def _chunk(self, prefix: str, start: int, chunk: Sequence[Any]) -> None:
-        from schemas import ClickEvent
-        from scoring.client import RankRejected, RankTimeout
-        from streamrank import clock
-        from workbench.devstack.cases import click_events, expected_sequences, wait_applied
-
-        await self._send(click_events(chunk, run=prefix))
-        await wait_applied(
-            self.redis, self.settings,
-            expected_sequences(chunk, run=prefix, length=self.settings.features.sequence_length),
-            timeout_s=300, progress=False, log_path=None,
-        )  # fmt: skip
-        gate = asyncio.Semaphore(self.concurrency)
-
-        async def one(n: int, case: Any) -> None:
-            async with gate:
-                user = f"{prefix}-{case.user_id}"
-                try:
-                    result = await self._client.rank(
-                        user, case.items, request_id=f"{prefix}-q{start + n}"
-                    )
-                except (RankTimeout, RankRejected):
-                    self.unanswered += 1
-                    return
-                self.requests += 1
-                self.degraded += int(result.degraded)
-                click = ClickEvent(
-                    event_id=f"{prefix}-pos{start + n}",
-                    user_id=user,
-                    item_id=case.items[case.labels.index(1)],  # the held-out positive
-                    ts=clock.now_ms(),
-                )
-                await self._producer.send(
-                    self.settings.topics.clicks, click.to_json(), key=user.encode()
-                )
-
-        await asyncio.gather(*(one(n, c) for n, c in enumerate(chunk)))
-        await self._producer.flush()
-
-
 async def _set_serving(redis: Any, active: str) -> None:
     from scoring.model.registry import activate_version
     from scoring.model.versions import set_split
@@ -301,28 +213,45 @@ def _auc_entry(summary: Any, offline: float) -> dict[str, Any]:
     }
 
 
-async def _bench(settings: Settings, args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    from scoring.model.artifact import CANDIDATES_FILE, load_artifact
-    from scoring.rollout.online import Window, read_summaries
-    from streamrank import clock, keys
-    from streamrank.kafka.topics import create_topics
-    from streamrank.redis.client import redis_client
-    from workbench.bench.rollout_sim import simulations
-    from workbench.devstack.cases import load_cases, newest_artifact, offline_scores, quality
-    from workbench.devstack.pipeline import ensure_published
-    from workbench.devstack.processes import start_worker
+@dataclass(frozen=True)
+class Versions:
+    """The benchmark's versions: the good A, the bad (A shuffled), and the equal B."""
 
-    started = time.perf_counter()
+    good: Any
+    bad: Any
+    equal: Any
+
+    def all(self) -> tuple[Any, Any, Any]:
+        return self.good, self.bad, self.equal
+
+
+def load_versions(settings: Settings, args: argparse.Namespace, work: Path) -> Versions:
+    from scoring.model.artifact import load_artifact
+    from workbench.devstack.cases import newest_artifact
+
     good = load_artifact(
         Path(args.artifact) if args.artifact else newest_artifact(settings.tools.artifacts_dir)
     )
-    cases = load_cases(good.path / CANDIDATES_FILE, limit=args.users)
     bad = load_artifact(shuffled_version(good, work / "artifacts"))
     equal = load_artifact(
         Path(args.equal_artifact)
         if args.equal_artifact
         else renamed_version(good, work / "artifacts")
     )
+    return Versions(good, bad, equal)
+
+
+async def _bench(settings: Settings, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    from scoring.model.artifact import CANDIDATES_FILE
+    from streamrank import keys
+    from streamrank.redis.client import redis_client
+    from workbench.bench.rollout_sim import simulations
+    from workbench.devstack.cases import load_cases, offline_scores, quality
+
+    started = time.perf_counter()
+    versions = load_versions(settings, args, work)
+    good, bad, equal = versions.all()
+    cases = load_cases(good.path / CANDIDATES_FILE, limit=args.users)
     run = f"rollout-{uuid.uuid4().hex[:6]}"
     rs = workers_settings(settings, run=run, bucket_s=args.bucket)
     history_len = int(good.config.get("train", {}).get("history_len", rs.features.sequence_length))
@@ -330,90 +259,17 @@ async def _bench(settings: Settings, args: argparse.Namespace, work: Path) -> di
     labels = np.array([c.labels for c in cases])
     scores = {
         a.version: offline_scores(a, cases, encoding="int8", max_history=history_len)
-        for a in (good, bad, equal)
+        for a in versions.all()
     }
     offline = {v: quality(labels, x) for v, x in scores.items()}
     say(f"{len(cases)} test users per round; offline AUC {offline}")
     redis = redis_client(rs.redis, timeout_s=10.0)
-    workers = []
+    workers: list[WorkerProcess] = []
     before = await redis.mget([keys.active_model(), keys.model_split()])
     try:
-        for artifact in (good, bad, equal):
-            await ensure_published(redis, artifact, encoding="int8", progress=False)
-        await _set_serving(redis, good.version)
-        await create_topics(rs)  # the served log and outcomes topics too
-        logs = work / "logs"
-        for kind in ("features", "scoring", "outcomes"):
-            workers.append(start_worker(kind, rs, log_path=logs / f"{kind}.log"))
-        say(f"waiting for the workers (logs in {logs})")
-        await asyncio.gather(*(asyncio.to_thread(w.wait_ready, 240) for w in workers))
-        bench_start = clock.now_ms()
-        report: dict[str, Any] = {}
-        async with Traffic(
-            settings=rs, redis=redis, cases=cases, chunk=args.chunk,
-            concurrency=args.concurrency, progress=not args.no_progress,
-        ) as traffic:  # fmt: skip
-            say(f"bad: rolling {bad.version} out over {good.version}")
-            bad_run = await run_rollout(
-                redis=redis, traffic=traffic, old=good.version, new=bad.version, args=args,
-                prefix=f"{run}-bad-", bucket_s=args.bucket,
-            )  # fmt: skip
-            say(f"good: rolling {good.version} out over {bad.version}")
-            good_run = await run_rollout(
-                redis=redis, traffic=traffic, old=bad.version, new=good.version, args=args,
-                prefix=f"{run}-good-", bucket_s=args.bucket,
-            )  # fmt: skip
-            await asyncio.sleep(3)  # the last clicks of the scenario are joined
-            window = Window(bench_start, clock.now_ms(), args.bucket)
-            online = await read_summaries(redis, [good.version, bad.version], window)
-            report["good"] = {
-                "version": good.version,
-                "promoted": good_run["status"] == "promoted",
-                **_auc_entry(online[good.version], offline[good.version]["auc"]),
-                "seconds_to_promote": good_run["seconds"]
-                if good_run["status"] == "promoted"
-                else None,
-                "rollout": good_run,
-            }
-            report["bad"] = {
-                "version": bad.version,
-                "rolled_back": bad_run["status"] == "rolled_back",
-                **_auc_entry(online[bad.version], offline[bad.version]["auc"]),
-                "seconds_to_rollback": bad_run["seconds"]
-                if bad_run["status"] == "rolled_back"
-                else None,
-                "rollout": bad_run,
-            }
-            equal_runs = []
-            eq_start = clock.now_ms()
-            for seed in range(args.equal_runs):
-                say(f"equal {seed + 1}/{args.equal_runs}: {equal.version} over {good.version}")
-                one_run = await run_rollout(
-                    redis=redis, traffic=traffic, old=good.version, new=equal.version,
-                    args=args, prefix=f"{run}-eq{seed}-", bucket_s=args.bucket,
-                )  # fmt: skip
-                equal_runs.append(one_run)
-            await asyncio.sleep(3)
-            eq_online = await read_summaries(
-                redis, [good.version, equal.version], Window(eq_start, clock.now_ms(), args.bucket)
-            )
-            report["equal"] = {
-                "versions": [good.version, equal.version],
-                "runs": len(equal_runs),
-                "false_rollbacks": sum(r["status"] == "rolled_back" for r in equal_runs),
-                "promoted": sum(r["status"] == "promoted" for r in equal_runs),
-                "offline_auc": {v: offline[v]["auc"] for v in (good.version, equal.version)},
-                "online_auc": {
-                    v: eq_online[v].auc.to_json() for v in (good.version, equal.version)
-                },
-                "seconds_to_promote": [r["seconds"] for r in equal_runs],
-                "runs_detail": equal_runs,
-            }
-            report["traffic"] = {
-                "requests": traffic.requests,
-                "degraded": traffic.degraded,
-                "unanswered": traffic.unanswered,
-            }
+        await _start_stack(redis, rs, versions, work / "logs", workers)
+        report = await _scenarios(redis, rs, cases, args, run=run, versions=versions,
+                                  offline=offline)  # fmt: skip
     finally:
         codes = await asyncio.gather(*(asyncio.to_thread(w.stop) for w in workers))
         if any(codes):
@@ -435,6 +291,126 @@ async def _bench(settings: Settings, args: argparse.Namespace, work: Path) -> di
     report["offline"] = offline
     report["seconds_total"] = round(time.perf_counter() - started, 1)
     return report
+
+
+async def _start_stack(
+    redis: Any, rs: Settings, versions: Versions, logs: Path, workers: list[WorkerProcess]
+) -> None:
+    """Every version published, the good one served, the topics made and the features,
+    scoring and outcomes workers started (into ``workers``, for the caller to stop) and ready."""
+    from streamrank.kafka.topics import create_topics
+    from workbench.devstack.pipeline import ensure_published
+    from workbench.devstack.processes import start_worker
+
+    for artifact in versions.all():
+        await ensure_published(redis, artifact, encoding="int8", progress=False)
+    await _set_serving(redis, versions.good.version)
+    await create_topics(rs)  # the served log and outcomes topics too
+    for kind in ("features", "scoring", "outcomes"):
+        workers.append(start_worker(kind, rs, log_path=logs / f"{kind}.log"))
+    say(f"waiting for the workers (logs in {logs})")
+    await asyncio.gather(*(asyncio.to_thread(w.wait_ready, 240) for w in workers))
+
+
+async def _scenarios(
+    redis: Any, rs: Settings, cases: Sequence[Any], args: argparse.Namespace, *, run: str,
+    versions: Versions, offline: dict[str, dict[str, float]],
+) -> dict[str, Any]:  # fmt: skip
+    """The three scenarios in order, with the traffic that flowed through them."""
+    from streamrank import clock
+
+    bench_start = clock.now_ms()
+    report: dict[str, Any] = {}
+    async with Traffic(
+        settings=rs, redis=redis, cases=cases, chunk=args.chunk,
+        concurrency=args.concurrency, progress=not args.no_progress,
+    ) as traffic:  # fmt: skip
+        scenario = Scenario(redis=redis, traffic=traffic, args=args, run=run, versions=versions,
+                            offline=offline)  # fmt: skip
+        report.update(await scenario.bad_then_good(since_ms=bench_start))
+        report["equal"] = await scenario.equal()
+        report["traffic"] = {
+            "requests": traffic.requests,
+            "degraded": traffic.degraded,
+            "unanswered": traffic.unanswered,
+        }
+    return report
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """The rollouts of one benchmark run and the online evidence read after them."""
+
+    redis: Any
+    traffic: Traffic
+    args: argparse.Namespace
+    run: str
+    versions: Versions
+    offline: dict[str, dict[str, float]]
+
+    async def rollout(self, old: Any, new: Any, prefix: str) -> dict[str, Any]:
+        return await run_rollout(
+            redis=self.redis, traffic=self.traffic, old=old.version, new=new.version,
+            args=self.args, prefix=f"{self.run}-{prefix}-", bucket_s=self.args.bucket,
+        )  # fmt: skip
+
+    async def online(self, versions: Sequence[Any], since_ms: int) -> dict[str, Any]:
+        """Each version's online summary since ``since_ms``, once the last clicks are joined."""
+        from scoring.rollout.online import Window, read_summaries
+        from streamrank import clock
+
+        await asyncio.sleep(3)  # the last clicks of the scenario are joined
+        window = Window(since_ms, clock.now_ms(), self.args.bucket)
+        return await read_summaries(self.redis, [v.version for v in versions], window)
+
+    async def bad_then_good(self, *, since_ms: int) -> dict[str, Any]:
+        """``bad``: the bad version must be rolled back; ``good``: then A over it promoted."""
+        good, bad = self.versions.good, self.versions.bad
+        say(f"bad: rolling {bad.version} out over {good.version}")
+        bad_run = await self.rollout(good, bad, "bad")
+        say(f"good: rolling {good.version} out over {bad.version}")
+        good_run = await self.rollout(bad, good, "good")
+        online = await self.online([good, bad], since_ms)
+        promoted, rolled_back = good_run["status"] == "promoted", bad_run["status"] == "rolled_back"
+        return {
+            "good": {
+                "version": good.version,
+                "promoted": promoted,
+                **_auc_entry(online[good.version], self.offline[good.version]["auc"]),
+                "seconds_to_promote": good_run["seconds"] if promoted else None,
+                "rollout": good_run,
+            },
+            "bad": {
+                "version": bad.version,
+                "rolled_back": rolled_back,
+                **_auc_entry(online[bad.version], self.offline[bad.version]["auc"]),
+                "seconds_to_rollback": bad_run["seconds"] if rolled_back else None,
+                "rollout": bad_run,
+            },
+        }
+
+    async def equal(self) -> dict[str, Any]:
+        """``equal``: B over A ``--equal-runs`` times; every rollback is a false one."""
+        from streamrank import clock
+
+        good, equal = self.versions.good, self.versions.equal
+        runs = []
+        eq_start = clock.now_ms()
+        for seed in range(self.args.equal_runs):
+            say(f"equal {seed + 1}/{self.args.equal_runs}: {equal.version} over {good.version}")
+            runs.append(await self.rollout(good, equal, f"eq{seed}"))
+        online = await self.online([good, equal], eq_start)
+        pair = (good.version, equal.version)
+        return {
+            "versions": list(pair),
+            "runs": len(runs),
+            "false_rollbacks": sum(r["status"] == "rolled_back" for r in runs),
+            "promoted": sum(r["status"] == "promoted" for r in runs),
+            "offline_auc": {v: self.offline[v]["auc"] for v in pair},
+            "online_auc": {v: online[v].auc.to_json() for v in pair},
+            "seconds_to_promote": [r["seconds"] for r in runs],
+            "runs_detail": runs,
+        }
 
 
 def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:

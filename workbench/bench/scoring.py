@@ -30,30 +30,35 @@ import asyncio
 import contextlib
 import logging
 import os
-import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import redis.asyncio as aioredis
 from tqdm import tqdm
 
-from scoring.serving.assemble import assemble, gather
-from scoring.serving.service import forward
 from scoring.serving.worker import configure_torch
 from streamrank import clock, keys
 from streamrank.kafka.topics import create_topics
 from streamrank.redis.client import redis_client, used_memory
 from streamrank.settings import Settings
 from workbench.bench import compare
-from workbench.bench.cpu import host_busy_seconds, process_cpu_seconds
-from workbench.bench.loadgen import Driver, make_requests, zipf_ids
-from workbench.devstack import processes
-from workbench.devstack.processes import ChildProcess, start_child
+from workbench.bench.loadgen import make_requests, zipf_ids
+from workbench.bench.scoring_phases import (
+    Request,
+    forward_only,
+    measure,
+    phase_settings,
+    phase_topics,
+)
+
+if TYPE_CHECKING:
+    from scoring.embeddings.store import EmbeddingStore
 
 logger = logging.getLogger(__name__)
 
@@ -176,105 +181,43 @@ async def write_sequences(
     await pipe.execute()
 
 
-# --- workers ----------------------------------------------------------------------------------
+# --- run --------------------------------------------------------------------------------------
 
 
-def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
-    """The environment of a benchmark worker: every setting, no /metrics, quiet logs."""
-    quiet = {"STREAMRANK_METRICS_PORT": "0", "STREAMRANK_LOG_LEVEL": "WARNING"}
-    return processes.worker_env(settings, {**quiet, **extra})
+@dataclass(frozen=True)
+class Stored:
+    """What the setup put in Redis: the model (scorer and float32 item table) and the memory
+    it took (used_memory, summed over masters)."""
+
+    scorer: Any
+    table: np.ndarray
+    bytes_per_row: float  # the int8 item table: rows, bucket keys, publish ids, dense weights
+    bytes_per_user: float  # the users' sequences
 
 
-class LoadgenCpu:
-    """This process's (the load generator's) CPU since construction, as % of one core."""
-
-    def __init__(self) -> None:
-        self._cpu, self._wall = process_cpu_seconds(os.getpid()), time.perf_counter()
-
-    def percent(self) -> float:
-        used = process_cpu_seconds(os.getpid()) - self._cpu
-        return round(100 * used / max(1e-9, time.perf_counter() - self._wall), 1)
-
-
-@contextlib.contextmanager
-def worker_process(argv: list[str], env: dict[str, str]) -> Iterator[ChildProcess]:
-    """A worker child for the run (its output goes to ours), stopped at the end."""
-    child = start_child(argv, what="benchmark worker", env=env)
-    try:
-        yield child
-    finally:
-        child.stop(timeout_s=15)
-
-
-async def warm_up(driver: Driver, requests: list[tuple[str, str, list[str]]]) -> None:
-    """Until the worker answers (group joined, model loaded), then a short warm-up load."""
-    deadline = time.monotonic() + 120
-    for rid, user, items in requests[:1]:
-        while time.monotonic() < deadline:
-            stats = await driver.open_loop([(f"{rid}-{time.monotonic_ns()}", user, items)],
-                                           rate=1.0, drain_s=5.0)  # fmt: skip
-            if stats.got:
-                break
-        else:
-            raise TimeoutError("the benchmark's worker did not answer within 120 s")
-    await driver.open_loop(requests[1:], rate=200.0, drain_s=30.0)
-
-
-# --- measurements -----------------------------------------------------------------------------
-
-
-def forward_only(
-    scorer: Any,
-    table: np.ndarray,
-    requests: list[tuple[str, str, list[str]]],
-    histories: dict[str, list[str]],
-    *,
-    batch: int,
-) -> dict[str, float]:
-    """Requests/s of the serving forward alone, per request and batched, on the same inputs."""
-    out: dict[str, float] = {}
-    chunks = [requests[i : i + batch] for i in range(0, len(requests) - batch + 1, batch)]
-    prepared = []
-    for chunk in chunks:
-        assembled = assemble([histories[u] for _, u, _ in chunk], [c for _, _, c in chunk],
-                             max_history=10**6)  # fmt: skip
-        rows = table[[int(i[1:]) for i in assembled.unique_ids]]
-        hist, cands = gather(rows, assembled)
-        prepared.append((hist, assembled.hist_mask, cands, assembled.cand_mask))
-    for mode in ("per_request", "batched"):
-        forward(scorer, *prepared[0], mode=mode)
-        started = time.perf_counter()
-        for p in prepared:
-            forward(scorer, *p, mode=mode)
-        out[mode] = round(len(prepared) * batch / (time.perf_counter() - started), 1)
-    return out
-
-
-async def _run(args: argparse.Namespace, base: Settings, stack_kind: str) -> dict[str, Any]:
-    from scoring.embeddings.store import EmbeddingStore
-    from scoring.model.registry import delete_version
-
-    tag = uuid.uuid4().hex[:8]
-    version = f"bench-din-{tag}"
-    settings = base.with_env(
+def run_settings(base: Settings, tag: str, history: int) -> Settings:
+    """The run's own topics (each phase adds a suffix) and sequence length."""
+    return base.with_env(
         STREAMRANK_TOPIC_REQUESTS=f"bench-rank-requests-{tag}",
         STREAMRANK_TOPIC_RESULTS=f"bench-rank-results-{tag}",
         STREAMRANK_TOPIC_DEAD_LETTERS=f"bench-dead-letters-{tag}",
-        STREAMRANK_SEQUENCE_LENGTH=args.history,
+        STREAMRANK_SEQUENCE_LENGTH=history,
     )
-    naive_settings = phase_settings(settings, "naive")
-    await create_topics(settings, topics=(settings.topics.dead_letters,
-                                          *phase_topics(naive_settings)))  # fmt: skip
-    redis = redis_client(settings.redis, timeout_s=30)
-    timings: dict[str, float] = {}
-    rates = [float(r) for r in args.rates.split(",") if r.strip()]
+
+
+def requests_needed(args: argparse.Namespace, modes: list[str], rates: list[float]) -> int:
+    """Every mode's warm-up and saturation, the echo's (warm-up, saturation, the rates), the
+    naive's, and the extra warm-up of several workers."""
     n_rate = sum(int(r * args.rate_seconds) for r in rates)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    settle = 200 * len(modes) if args.workers > 1 else 0  # the extra warm-up of several workers
-    # every mode's warm-up and saturation, the echo's (warm-up, saturation, the rates), the naive's
-    total = (200 * (len(modes) + 1) + settle + args.saturation_requests * (len(modes) + 1)
-             + 2 * n_rate + args.naive_requests + 50)  # fmt: skip
-    t0 = time.perf_counter()
+    settle = 200 * len(modes) if args.workers > 1 else 0
+    return (200 * (len(modes) + 1) + settle + args.saturation_requests * (len(modes) + 1)
+            + 2 * n_rate + args.naive_requests + 50)  # fmt: skip
+
+
+def make_traffic(
+    args: argparse.Namespace, tag: str, total: int
+) -> tuple[list[Request], dict[str, list[str]]]:
+    """``total`` Zipf requests and every user's history, user ids private to the run."""
     requests = make_requests(n=total, users=args.users, n_items=args.items,
                              candidates=args.candidates, zipf_a=args.zipf, seed=args.seed)  # fmt: skip
     requests = [(rid, f"b{tag}{user}", items) for rid, user, items in requests]
@@ -282,64 +225,121 @@ async def _run(args: argparse.Namespace, base: Settings, stack_kind: str) -> dic
     hist_items = zipf_ids(rng, args.users * args.history, n_items=args.items, a=args.zipf)
     hist_items = hist_items.reshape(args.users, args.history)
     histories = {f"b{tag}u{u}": [f"i{int(x)}" for x in hist_items[u]] for u in range(args.users)}
+    return requests, histories
+
+
+async def store_inputs(
+    redis: aioredis.Redis,
+    store: EmbeddingStore,
+    args: argparse.Namespace,
+    version: str,
+    traffic: tuple[list[Request], dict[str, list[str]]],
+    workdir: Path,
+    timings: dict[str, float],
+) -> Stored:
+    """The int8 model, the naive worker's fp32 rows of the items used, and the sequences."""
+    requests, histories = traffic
+    t0 = time.perf_counter()
+    memory = await used_memory(redis)
+    scorer, table = await publish_synthetic(
+        redis, n_items=args.items, seed=args.seed, version=version, workdir=workdir
+    )
+    timings["publish_s"] = round(time.perf_counter() - t0, 1)
+    bytes_per_row = (await used_memory(redis) - memory) / args.items
+    t0 = time.perf_counter()
+    used = sorted({i for _, _, items in requests for i in items}
+                  | {i for h in histories.values() for i in h})  # fmt: skip
+    await store.publish("item", used, table[[int(i[1:]) for i in used]], encoding="fp32",
+                        version=f"{version}-fp32", progress=False)  # fmt: skip
+    timings["publish_naive_fp32_s"] = round(time.perf_counter() - t0, 1)
+    memory = await used_memory(redis)
+    await write_sequences(redis, histories, start_ms=clock.now_ms() - 10**6)
+    bytes_per_user = (await used_memory(redis) - memory) / args.users
+    return Stored(scorer, table, bytes_per_row, bytes_per_user)
+
+
+async def remove_inputs(
+    redis: aioredis.Redis, store: EmbeddingStore, version: str, users: list[str]
+) -> None:
+    """The run's versions and sequences, best effort."""
+    from scoring.model.registry import delete_version
+
+    with contextlib.suppress(Exception):
+        await delete_version(store, version, force=True)
+        await delete_version(store, f"{version}-fp32", force=True)
+        await redis.delete(keys.model_dense(version), keys.model_config(version))
+        user_keys = [keys.sequence(u) for u in users]
+        for i in range(0, len(user_keys), 1000):
+            await redis.delete(*user_keys[i : i + 1000])
+
+
+async def _run(args: argparse.Namespace, base: Settings, stack_kind: str) -> dict[str, Any]:
+    from scoring.embeddings.store import EmbeddingStore
+
+    tag = uuid.uuid4().hex[:8]
+    version = f"bench-din-{tag}"
+    settings = run_settings(base, tag, args.history)
+    naive_settings = phase_settings(settings, "naive")
+    await create_topics(settings, topics=(settings.topics.dead_letters,
+                                          *phase_topics(naive_settings)))  # fmt: skip
+    redis = redis_client(settings.redis, timeout_s=30)
+    timings: dict[str, float] = {}
+    rates = [float(r) for r in args.rates.split(",") if r.strip()]
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    t0 = time.perf_counter()
+    requests, histories = make_traffic(args, tag, requests_needed(args, modes, rates))
     timings["traffic_s"] = round(time.perf_counter() - t0, 1)
     store = EmbeddingStore(redis=redis)
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="streamrank-bench-model-") as workdir:
         try:
-            t0 = time.perf_counter()
-            memory = await used_memory(redis)
-            scorer, table = await publish_synthetic(
-                redis, n_items=args.items, seed=args.seed, version=version, workdir=Path(workdir)
-            )
-            timings["publish_s"] = round(time.perf_counter() - t0, 1)
-            bytes_per_row = (await used_memory(redis) - memory) / args.items
-            t0 = time.perf_counter()
-            used = sorted({i for _, _, items in requests for i in items}
-                          | {i for h in histories.values() for i in h})  # fmt: skip
-            await store.publish("item", used, table[[int(i[1:]) for i in used]], encoding="fp32",
-                                version=f"{version}-fp32", progress=False)  # fmt: skip
-            timings["publish_naive_fp32_s"] = round(time.perf_counter() - t0, 1)
-            memory = await used_memory(redis)
-            await write_sequences(redis, histories, start_ms=clock.now_ms() - 10**6)
-            bytes_per_user = (await used_memory(redis) - memory) / args.users
-            result = await _measure(args, settings, naive_settings, version, requests, modes,
-                                    rates)  # fmt: skip
+            stored = await store_inputs(redis, store, args, version, (requests, histories),
+                                        Path(workdir), timings)  # fmt: skip
+            result = await measure(args, settings, naive_settings, version, requests, modes,
+                                   rates)  # fmt: skip
             configure_torch(settings.scoring)  # the same thread settings as the worker
-            fwd = forward_only(scorer, table, requests[:512], histories,
+            fwd = forward_only(stored.scorer, stored.table, requests[:512], histories,
                                batch=settings.scoring.batch_max)  # fmt: skip
             result["forward_only_rps"] = max(fwd.values())
             result["forward_only_rps_by_mode"] = fwd
-            # used_memory (summed over masters) grown by the int8 item table (its rows, bucket
-            # keys, shard publish ids; the model's dense weights too) and by the sequences
-            result["redis_bytes_per_embedding_row"] = round(bytes_per_row, 1)
-            result["redis_bytes_per_user_sequence"] = round(bytes_per_user, 1)
+            result["redis_bytes_per_embedding_row"] = round(stored.bytes_per_row, 1)
+            result["redis_bytes_per_user_sequence"] = round(stored.bytes_per_user, 1)
         finally:
-            with contextlib.suppress(Exception):
-                await delete_version(store, version, force=True)
-                await delete_version(store, f"{version}-fp32", force=True)
-                await redis.delete(keys.model_dense(version), keys.model_config(version))
-                user_keys = [keys.sequence(u) for u in histories]
-                for i in range(0, len(user_keys), 1000):
-                    await redis.delete(*user_keys[i : i + 1000])
+            await remove_inputs(redis, store, version, list(histories))
             await redis.aclose()
+    result.update(verdict(result))
+    result["config"] = run_config(args, settings, stack_kind)
+    result["setup"] = timings
+    return result
+
+
+# --- report -----------------------------------------------------------------------------------
+
+
+def verdict(result: dict[str, Any]) -> dict[str, Any]:
+    """The ratios against the naive worker and the forward alone, and the goals met."""
     max_rps = result.get("max_rps", 0.0)
     naive = result.get("naive_max_rps", 0.0)
     p99_200 = result.get("latency", {}).get("200", {}).get("p99_ms")
     forward_rps = result.get("forward_only_rps", 0.0)
     overhead_200 = result.get("overhead_p99_ms", {}).get("200")
-    result["speedup_vs_naive"] = round(max_rps / naive, 2) if naive else None
-    result["max_rps_vs_forward_only"] = round(max_rps / forward_rps, 3) if forward_rps else None
-    result["goals"] = {
-        "max_rps >= 1000": max_rps >= GOAL_MAX_RPS,
-        "max_rps >= 65% of forward-only": bool(forward_rps)
-        and max_rps >= GOAL_SHARE_OF_FORWARD * forward_rps,
-        "p99 <= 25 ms at 200 req/s": p99_200 is not None and p99_200 <= GOAL_P99_MS_AT_200,
-        "p99 - echo p99 <= 10 ms at 200 req/s": overhead_200 is not None
-        and overhead_200 <= GOAL_OVERHEAD_P99_MS,
-        "max_rps >= 3x naive": bool(naive) and max_rps >= GOAL_SPEEDUP * naive,
+    return {
+        "speedup_vs_naive": round(max_rps / naive, 2) if naive else None,
+        "max_rps_vs_forward_only": round(max_rps / forward_rps, 3) if forward_rps else None,
+        "goals": {
+            "max_rps >= 1000": max_rps >= GOAL_MAX_RPS,
+            "max_rps >= 65% of forward-only": bool(forward_rps)
+            and max_rps >= GOAL_SHARE_OF_FORWARD * forward_rps,
+            "p99 <= 25 ms at 200 req/s": p99_200 is not None and p99_200 <= GOAL_P99_MS_AT_200,
+            "p99 - echo p99 <= 10 ms at 200 req/s": overhead_200 is not None
+            and overhead_200 <= GOAL_OVERHEAD_P99_MS,
+            "max_rps >= 3x naive": bool(naive) and max_rps >= GOAL_SPEEDUP * naive,
+        },
     }
-    result["config"] = {
+
+
+def run_config(args: argparse.Namespace, settings: Settings, stack_kind: str) -> dict[str, Any]:
+    return {
         "items": args.items, "candidates": args.candidates, "history": args.history,
         "users": args.users, "zipf": args.zipf, "saturation_requests": args.saturation_requests,
         "rate_seconds": args.rate_seconds, "batch_max": settings.scoring.batch_max,
@@ -349,151 +349,6 @@ async def _run(args: argparse.Namespace, base: Settings, stack_kind: str) -> dic
         "cpus": os.cpu_count(), "stack": stack_kind, "encoding": "int8",
         "redis": settings.redis.mode,
     }  # fmt: skip
-    result["setup"] = timings
-    return result
-
-
-async def _measure(
-    args: argparse.Namespace,
-    settings: Settings,
-    naive_settings: Settings,
-    version: str,
-    requests: list[tuple[str, str, list[str]]],
-    modes: list[str],
-    rates: list[float],
-) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "max_rps_by_forward": {},
-        "worker_cpu_ms_per_request": {},
-        "latency": {},
-        "degraded_replies": 0,
-    }
-    cursor = 0
-
-    def take(n: int) -> list[tuple[str, str, list[str]]]:
-        nonlocal cursor
-        chunk = requests[cursor : cursor + n]
-        cursor += n
-        return chunk
-
-    cli = [sys.executable, "-m", "workbench.cli", "worker", "scoring", "--metrics-port", "0"]
-    for n, mode in enumerate(modes):
-        mode_settings = phase_settings(settings, mode)
-        await create_topics(mode_settings, topics=phase_topics(mode_settings))
-        env = worker_env(mode_settings, STREAMRANK_CANARY_SPLIT=f"{version}:1",
-                         STREAMRANK_SCORING_FORWARD=mode,
-                         STREAMRANK_SCORING_GROUP_ID=f"bench-scoring-{version}-{mode}")  # fmt: skip
-        with contextlib.ExitStack() as workers:
-            procs = [workers.enter_context(worker_process(cli, env)) for _ in range(args.workers)]
-            async with Driver(settings=settings, requests_topic=mode_settings.topics.requests,
-                              results_topic=mode_settings.topics.results) as driver:  # fmt: skip
-                await warm_up(driver, take(200))
-                if args.workers > 1:
-                    # The first reply came from the first worker to join; the others' joins
-                    # rebalance the group (Tansu pads each join ~3 s): let it settle first.
-                    await asyncio.sleep(10)
-                    await driver.open_loop(take(200), rate=200.0, drain_s=30.0)
-                cpu0 = sum(process_cpu_seconds(p.pid) for p in procs)
-                loadgen, host0, wall0 = LoadgenCpu(), host_busy_seconds(), time.perf_counter()
-                rps, stats = await driver.saturate(take(args.saturation_requests))
-                out.setdefault("saturation_loadgen_cpu_percent", {})[mode] = loadgen.percent()
-                out.setdefault("saturation_host_busy_cores", {})[mode] = round(
-                    (host_busy_seconds() - host0) / (time.perf_counter() - wall0), 2
-                )
-                cpu1 = sum(process_cpu_seconds(p.pid) for p in procs)
-                cpu_ms = (cpu1 - cpu0) * 1000 / max(1, len(stats.got))
-                out["worker_cpu_ms_per_request"][mode] = round(cpu_ms, 2)
-                out.setdefault("saturation_stage_ms_mean", {})[mode] = stats.summary().get(
-                    "worker_stage_ms_mean"
-                )
-                out["degraded_replies"] += stats.degraded
-                out["max_rps_by_forward"][mode] = round(rps, 1)
-                logger.info("forward %s: max_rps %.1f (%s)", mode, rps, stats.summary())
-                if n == 0:  # latency with the first mode
-                    out["latency"] = await latency_at(driver, take, rates, args.rate_seconds)
-                    out["degraded_replies"] += sum(v["degraded"] for v in out["latency"].values())
-        if n == 0:  # the floor right after: the broker and the host as close as they get
-            out["echo"] = await _measure_echo(args, settings, version, take, rates)
-    best = max(out["max_rps_by_forward"], key=out["max_rps_by_forward"].get)
-    out["max_rps"] = out["max_rps_by_forward"][best]
-    out["max_rps_forward_mode"] = best
-    out["overhead_p99_ms"] = {
-        rate: round(ours["p99_ms"] - out["echo"]["latency"][rate]["p99_ms"], 2)
-        for rate, ours in out["latency"].items()
-        if "p99_ms" in ours and "p99_ms" in out["echo"]["latency"].get(rate, {})
-    }
-    naive_cli = [sys.executable, "-m", "workbench.bench.naive"]
-    env = worker_env(naive_settings, STREAMRANK_BENCH_NAIVE_VERSION=f"{version}-fp32",
-                     STREAMRANK_BENCH_MODEL_VERSION=version,
-                     STREAMRANK_SCORING_GROUP_ID=f"bench-naive-{version}")  # fmt: skip
-    with worker_process(naive_cli, env) as proc:
-        async with Driver(settings=naive_settings, requests_topic=naive_settings.topics.requests,
-                          results_topic=naive_settings.topics.results) as driver:  # fmt: skip
-            await warm_up(driver, take(10))
-            cpu0 = process_cpu_seconds(proc.pid)
-            rps, stats = await driver.saturate(take(args.naive_requests))
-            cpu_ms = (process_cpu_seconds(proc.pid) - cpu0) * 1000 / max(1, len(stats.got))
-            out["worker_cpu_ms_per_request"]["naive"] = round(cpu_ms, 2)
-            out["naive_max_rps"] = round(rps, 1)
-            logger.info("naive: max_rps %.1f (%s)", rps, stats.summary())
-    return out
-
-
-def phase_settings(settings: Settings, phase: str) -> Settings:
-    """Each phase's worker gets request and reply topics of its own: a new group starts at the
-    earliest offset and must not answer the previous phases' requests again, and a phase's
-    replies are read from a topic the earlier phases did not fill (the embedded broker's fetches
-    slow down as a partition grows)."""
-    return settings.with_env(
-        STREAMRANK_TOPIC_REQUESTS=f"{settings.topics.requests}-{phase}",
-        STREAMRANK_TOPIC_RESULTS=f"{settings.topics.results}-{phase}",
-    )
-
-
-def phase_topics(settings: Settings) -> tuple[str, str]:
-    return settings.topics.requests, settings.topics.results
-
-
-async def latency_at(
-    driver: Driver, take: Any, rates: list[float], seconds: float
-) -> dict[str, dict[str, Any]]:
-    """p50/p99 at each offered rate, with the load generator's own CPU (% of one core)."""
-    out: dict[str, dict[str, Any]] = {}
-    for rate in rates:
-        loadgen = LoadgenCpu()
-        stats = await driver.open_loop(take(int(rate * seconds)), rate=rate)
-        summary = stats.summary()
-        summary["loadgen_cpu_percent"] = loadgen.percent()
-        out[f"{rate:g}"] = summary
-        logger.info("offered %s req/s: %s", rate, summary)
-    return out
-
-
-async def _measure_echo(
-    args: argparse.Namespace, settings: Settings, version: str, take: Any, rates: list[float]
-) -> dict[str, Any]:
-    """The floor: the echo worker (:mod:`workbench.bench.echo`) on its own request topic,
-    saturated then at the same offered rates."""
-    echo_settings = phase_settings(settings, "echo").with_env(
-        STREAMRANK_SCORING_GROUP_ID=f"bench-echo-{version}"
-    )
-    await create_topics(echo_settings, topics=phase_topics(echo_settings))
-    cli = [sys.executable, "-m", "workbench.bench.echo"]
-    with worker_process(cli, worker_env(echo_settings)) as proc:
-        async with Driver(settings=echo_settings, requests_topic=echo_settings.topics.requests,
-                          results_topic=echo_settings.topics.results) as driver:  # fmt: skip
-            await warm_up(driver, take(200))
-            cpu0 = process_cpu_seconds(proc.pid)
-            loadgen = LoadgenCpu()
-            rps, stats = await driver.saturate(take(args.saturation_requests))
-            cpu_ms = (process_cpu_seconds(proc.pid) - cpu0) * 1000 / max(1, len(stats.got))
-            logger.info("echo: max_rps %.1f (%s)", rps, stats.summary())
-            return {
-                "max_rps": round(rps, 1),
-                "worker_cpu_ms_per_request": round(cpu_ms, 3),
-                "saturation_loadgen_cpu_percent": loadgen.percent(),
-                "latency": await latency_at(driver, take, rates, args.rate_seconds),
-            }
 
 
 FIGURES = (

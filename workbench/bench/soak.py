@@ -112,9 +112,8 @@ async def lags(settings: Settings) -> dict[str, int]:
 
 async def features_max(settings: Settings, args: argparse.Namespace, items: int) -> float:
     """Clicks/s the features worker drains from a backlog (its lag to 0). The backlog fills
-    every user's sequence: with half-full ones the scoring max came out ~2x what the worker
-    sustains once the soak's clicks fill them, and the soak ran overloaded (p50 60 ms in its
-    first window, 5.3 s in its third)."""
+    every user's sequence: with half-full ones the scoring max would overstate what the worker
+    sustains once the soak's clicks fill them, and the soak would run overloaded."""
     # Users are drawn at random: twice the sequence length each, on average, fills nearly all.
     backlog = max(args.backlog_clicks, 2 * args.users * settings.features.sequence_length)
     producer = kafka.producer(settings.kafka, acks=1, linger_ms=5)

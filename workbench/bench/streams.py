@@ -211,6 +211,76 @@ async def measure_drain(pid: int, port: int, expected: int) -> dict[str, float]:
     }
 
 
+class ProbeWatch:
+    """Probe clicks sent and not yet in their user's sequence, and, for those that are, the
+    milliseconds from send to visible; :meth:`poll` runs until :attr:`done` and none pending."""
+
+    def __init__(self, redis: Any) -> None:
+        self._redis = redis
+        self.pending: dict[int, tuple[str, str, float]] = {}  # probe -> (key, member, sent)
+        self.latencies: list[float] = []
+        self.done = asyncio.Event()
+
+    def expect(self, probe: int, user: str, event_id: str) -> None:
+        self.pending[probe] = (
+            keys.sequence(user),
+            keys.sequence_member(event_id, "p", None),
+            time.perf_counter(),
+        )
+
+    async def poll(self) -> None:
+        while not (self.done.is_set() and not self.pending):
+            if self.pending:
+                items = list(self.pending.items())
+                pipe = self._redis.pipeline(transaction=False)
+                for _k, (seq_key, member, _t) in items:
+                    pipe.zscore(seq_key, member)
+                replies = await pipe.execute()
+                now = time.perf_counter()
+                for (k, (_s, _m, sent)), score in zip(items, replies, strict=True):
+                    if score is not None:
+                        self.latencies.append((now - sent) * 1000)
+                        del self.pending[k]
+            await asyncio.sleep(0.001)
+
+
+async def offer(
+    producer: AIOKafkaProducer,
+    topic: str,
+    run: str,
+    background: list[tuple[bytes, bytes]],
+    watch: ProbeWatch,
+    *,
+    rate: float,
+    probe_every: int,
+) -> tuple[int, float]:
+    """``background`` at ``rate`` per second, a probe click before every ``probe_every``-th;
+    returns the clicks sent (probes too) and the seconds it took."""
+    tick = 0.01
+    per_tick = rate * tick
+    started = time.perf_counter()
+    sent = 0
+    probes = 0
+    while sent < len(background):
+        due = int((time.perf_counter() - started) / tick * per_tick) + 1
+        while sent < min(due, len(background)):
+            if sent % probe_every == 0:
+                user = f"{run}-probe-{probes}"
+                event_id = f"{run}-probe-{probes:07d}"
+                now_ms = clock.now_ms()
+                value = orjson.dumps(
+                    {"event_id": event_id, "user_id": user, "item_id": "p", "ts": now_ms}
+                )
+                watch.expect(probes, user, event_id)
+                await producer.send(topic, value, key=user.encode())
+                probes += 1
+            key, value = background[sent]
+            await producer.send(topic, value, key=key)
+            sent += 1
+        await asyncio.sleep(tick / 2)
+    return sent + probes, time.perf_counter() - started
+
+
 async def measure_latency(
     settings: Settings, topic: str, run: str, args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -227,67 +297,25 @@ async def measure_latency(
     producer = AIOKafkaProducer(**settings.kafka.client_kwargs(), acks=1, linger_ms=0)
     client = redis_client(settings.redis, timeout_s=5)
     await producer.start()
-    pending: dict[int, tuple[str, str, float]] = {}
-    latencies: list[float] = []
-    done = asyncio.Event()
-
-    async def poller() -> None:
-        while not (done.is_set() and not pending):
-            if pending:
-                items = list(pending.items())
-                pipe = client.pipeline(transaction=False)
-                for _k, (seq_key, member, _t) in items:
-                    pipe.zscore(seq_key, member)
-                replies = await pipe.execute()
-                now = time.perf_counter()
-                for (k, (_s, _m, sent)), score in zip(items, replies, strict=True):
-                    if score is not None:
-                        latencies.append((now - sent) * 1000)
-                        del pending[k]
-            await asyncio.sleep(0.001)
-
-    poll_task = asyncio.create_task(poller())
-    tick = 0.01
-    per_tick = args.rate * tick
-    started = time.perf_counter()
-    sent = 0
-    probes = 0
+    watch = ProbeWatch(client)
+    poll_task = asyncio.create_task(watch.poll())
     try:
-        while sent < len(background):
-            due = int((time.perf_counter() - started) / tick * per_tick) + 1
-            while sent < min(due, len(background)):
-                if sent % args.probe_every == 0:
-                    user = f"{run}-probe-{probes}"
-                    event_id = f"{run}-probe-{probes:07d}"
-                    now_ms = clock.now_ms()
-                    value = orjson.dumps(
-                        {"event_id": event_id, "user_id": user, "item_id": "p", "ts": now_ms}
-                    )
-                    pending[probes] = (
-                        keys.sequence(user),
-                        keys.sequence_member(event_id, "p", None),
-                        time.perf_counter(),
-                    )
-                    await producer.send(topic, value, key=user.encode())
-                    probes += 1
-                key, value = background[sent]
-                await producer.send(topic, value, key=key)
-                sent += 1
-            await asyncio.sleep(tick / 2)
-        offered_s = time.perf_counter() - started
+        offered, offered_s = await offer(
+            producer, topic, run, background, watch, rate=args.rate, probe_every=args.probe_every
+        )
         await producer.flush()
-        done.set()
+        watch.done.set()
         await asyncio.wait_for(poll_task, 60)
     finally:
-        done.set()
+        watch.done.set()
         poll_task.cancel()
         with contextlib.suppress(BaseException):
             await poll_task
         await producer.stop()
         await client.aclose()
-    arr = np.array(latencies)
+    arr = np.array(watch.latencies)
     return {
-        "latency_offered_rate": round((sent + probes) / offered_s, 1),
+        "latency_offered_rate": round(offered / offered_s, 1),
         "latency_probes": int(arr.size),
         "latency_p50_ms": round(float(np.percentile(arr, 50)), 2),
         "latency_p99_ms": round(float(np.percentile(arr, 99)), 2),
@@ -316,12 +344,10 @@ async def _cleanup(settings: Settings, run: str) -> int:
     return deleted
 
 
-async def _bench(settings: Settings, args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
-    from streamrank.kafka.topics import create_topics
-    from workbench.devstack.processes import start_worker
+def bench_settings(settings: Settings, run: str, args: argparse.Namespace) -> Settings:
+    """The run's own topics and features group, a free /metrics port, and the options."""
     from workbench.devstack.services import free_port
 
-    run = f"bench-{uuid.uuid4().hex[:8]}"
     overrides: dict[str, Any] = {
         "STREAMRANK_TOPIC_CLICKS": f"{run}-clicks",
         "STREAMRANK_TOPIC_DEAD_LETTERS": f"{run}-dead-letters",
@@ -332,7 +358,15 @@ async def _bench(settings: Settings, args: argparse.Namespace, work_dir: Path) -
         overrides["STREAMRANK_FEATURES_PATH"] = args.path
     if args.batch_size:
         overrides["STREAMRANK_FEATURES_BATCH_SIZE"] = args.batch_size
-    settings = settings.with_env(**overrides)
+    return settings.with_env(**overrides)
+
+
+async def _bench(settings: Settings, args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
+    from streamrank.kafka.topics import create_topics
+    from workbench.devstack.processes import start_worker
+
+    run = f"bench-{uuid.uuid4().hex[:8]}"
+    settings = bench_settings(settings, run, args)
     await create_topics(settings, topics=(settings.topics.clicks, settings.topics.dead_letters))
     messages = make_clicks(
         run,
@@ -361,17 +395,7 @@ async def _bench(settings: Settings, args: argparse.Namespace, work_dir: Path) -
         )
         memory = await used_memory(memory_client) - memory_before
         await memory_client.aclose()
-        users = len({key for key, _value in messages})
-        port = settings.observability.metrics_port or 0
-        before = await asyncio.to_thread(_samples, port)
-        latency = await measure_latency(settings, settings.topics.clicks, run, args)
-        after = await asyncio.to_thread(_samples, port)
-        name = "streamrank_features_append_to_durable_seconds"
-        batches = after[f"{name}_count"] - before[f"{name}_count"]
-        latency["worker_batches"] = int(batches)
-        latency["worker_append_to_durable_mean_ms"] = round(
-            (after[f"{name}_sum"] - before[f"{name}_sum"]) / max(batches, 1) * 1000, 2
-        )
+        latency = await latency_and_batches(settings, run, args)
     finally:
         worker.stop()
     deleted = await _cleanup(settings, run)
@@ -392,14 +416,37 @@ async def _bench(settings: Settings, args: argparse.Namespace, work_dir: Path) -
         "host_busy_cores": round(drain["host_busy_cores"], 2),
         **latency,
         "redis": settings.redis.mode,
-        # used_memory (summed over masters) grown by the backlog's keys: the users' sequences,
-        # counters and dedupe markers (both sides), and the item counters
-        "redis_bytes_per_user": round(memory / users, 1),
-        "redis_bytes_per_event": round(memory / args.events, 1),
+        **memory_figures(memory, users=len({key for key, _value in messages}), events=args.events),
         "goal_events_per_s_25000": drain["events_per_s"] >= 25_000,
         "goal_latency_p99_50ms": latency["latency_p99_ms"] <= 50,
         "redis_keys_cleaned": deleted,
         "cpu_count": os.cpu_count(),
+    }
+
+
+async def latency_and_batches(
+    settings: Settings, run: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The latency phase, with the worker's batches meanwhile and their mean append time."""
+    port = settings.observability.metrics_port or 0
+    before = await asyncio.to_thread(_samples, port)
+    latency = await measure_latency(settings, settings.topics.clicks, run, args)
+    after = await asyncio.to_thread(_samples, port)
+    name = "streamrank_features_append_to_durable_seconds"
+    batches = after[f"{name}_count"] - before[f"{name}_count"]
+    latency["worker_batches"] = int(batches)
+    latency["worker_append_to_durable_mean_ms"] = round(
+        (after[f"{name}_sum"] - before[f"{name}_sum"]) / max(batches, 1) * 1000, 2
+    )
+    return latency
+
+
+def memory_figures(memory: float, *, users: int, events: int) -> dict[str, float]:
+    """used_memory (summed over masters) grown by the backlog's keys: the users' sequences,
+    counters and dedupe markers (both sides), and the item counters."""
+    return {
+        "redis_bytes_per_user": round(memory / users, 1),
+        "redis_bytes_per_event": round(memory / events, 1),
     }
 
 

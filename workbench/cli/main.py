@@ -84,8 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     in_main_thread = threading.current_thread() is threading.main_thread()
     if in_main_thread and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         # SIGTERM (kill, timeout, a CI runner) unwinds like Ctrl-C, so the `with` blocks stop
-        # what they started: a benchmark's private broker and Redis outlived a killed command
-        # and kept a core busy. Workers install their own handler for a graceful stop. Only
+        # what they started (else a killed benchmark leaves its private broker and Redis
+        # running). Workers install their own handler for a graceful stop. Only
         # the main thread may set a handler (main() also runs in threads of tests and tools).
         signal.signal(signal.SIGTERM, _interrupt)
     try:

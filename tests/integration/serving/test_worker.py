@@ -15,10 +15,10 @@ import pytest
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
 
+from schemas import reasons
 from scoring.client import RankClient, RankRejected
 from scoring.model.canary import assign, parse_split
 from scoring.model.versions import set_split
-from scoring.serving import replies
 from scoring.serving.served_log import rescore
 from streamrank import keys
 from streamrank.kafka.topics import create_topics
@@ -105,7 +105,7 @@ async def test_expired_deadline_gets_a_degraded_reply_without_compute(
         await client.rank("warm", ["a"], timeout=30)
         result = await client.rank("u1", ["a", "b"], timeout=10,
                                    deadline_ms=int(time.time() * 1000) - 1000)  # fmt: skip
-        assert result.degraded and result.reason == replies.EXPIRED
+        assert result.degraded and result.reason == reasons.EXPIRED
         assert result.scores == (0.5, 0.5)
         assert "forward" not in result.timings_ms
         assert (
@@ -199,8 +199,8 @@ async def test_redis_down_gives_degraded_replies_then_back_to_normal(
             server.stop()
             down = [await client.rank("u1", items, timeout=10) for _ in range(4)]
             assert all(r.degraded for r in down)
-            assert {r.reason for r in down} <= {replies.REDIS_UNAVAILABLE, replies.BREAKER_OPEN}
-            assert replies.BREAKER_OPEN in {r.reason for r in down}  # the breaker opened
+            assert {r.reason for r in down} <= {reasons.REDIS_UNAVAILABLE, reasons.BREAKER_OPEN}
+            assert reasons.BREAKER_OPEN in {r.reason for r in down}  # the breaker opened
             assert all(len(r.scores) == len(items) for r in down)
             assert worker.metrics.redis_errors._value.get() >= 2
             server.start()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from schemas import RankRequest, decode_result
+from schemas import RankRequest, decode_result, reasons
 from scoring.serving import replies
 
 
@@ -25,13 +25,13 @@ def test_deadline_is_the_requests_own_else_produced_plus_budget() -> None:
 
 def test_error_reply_follows_the_result_contract_and_is_recognised() -> None:
     result = replies.error_reply(
-        "r9", "", replies.INVALID_REQUEST, "empty_items: no items", now_ms=7
+        "r9", "", reasons.INVALID_REQUEST, "empty_items: no items", now_ms=7
     )
     decoded = decode_result(result.to_json())
     assert decoded.request_id == "r9" and decoded.scores == () and decoded.degraded
-    assert replies.is_error_reply(decoded)
-    degraded = replies.error_reply("r9", "u", replies.EXPIRED, "late", now_ms=7)
-    assert not replies.is_error_reply(degraded)  # expired is degraded, not a refusal
+    assert reasons.is_error_reply(decoded)
+    degraded = replies.error_reply("r9", "u", reasons.EXPIRED, "late", now_ms=7)
+    assert not reasons.is_error_reply(degraded)  # expired is degraded, not a refusal
 
 
 def test_popularity_scores_are_monotone_bounded_and_per_item() -> None:

@@ -13,9 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from schemas import RankRequest
+from schemas import RankRequest, reasons
 from scoring.model.canary import parse_split
-from scoring.serving import replies
 from scoring.serving.breaker import BreakerState, CircuitBreaker
 from scoring.serving.margin import DeadlineMargin
 from scoring.serving.metrics import ScoringMetrics
@@ -160,7 +159,7 @@ async def test_expired_requests_get_degraded_replies_without_compute() -> None:
     features = Features(SEQ, {})
     service, _ = make(ONE, features)
     out = await service.rank([incoming("r1", "u1", ["a", "b"])], deadlines=[1])
-    assert out[0].result.degraded and out[0].result.reason == replies.EXPIRED
+    assert out[0].result.degraded and out[0].result.reason == reasons.EXPIRED
     assert out[0].result.scores == (0.5, 0.5)
     assert features.calls == 0
 
@@ -171,22 +170,22 @@ async def test_redis_failure_falls_back_to_popularity_then_neutral_then_breaker(
     features.fail_sequences = True
     out = await service.rank([incoming("r1", "u1", ["b", "a", "c"])], deadlines=[FAR])
     r = out[0].result
-    assert r.degraded and r.reason == replies.REDIS_UNAVAILABLE
+    assert r.degraded and r.reason == reasons.REDIS_UNAVAILABLE
     assert r.scores[1] > r.scores[0] > r.scores[2] == 0.0  # popularity order a > b > c
     features.fail_popularity = True
     out = await service.rank([incoming("r2", "u1", ["b", "a"])], deadlines=[FAR])
-    assert out[0].result.scores == (0.5, 0.5) and out[0].result.reason == replies.REDIS_UNAVAILABLE
+    assert out[0].result.scores == (0.5, 0.5) and out[0].result.reason == reasons.REDIS_UNAVAILABLE
     assert breaker.state is BreakerState.OPEN
     calls = features.calls
     out = await service.rank([incoming("r3", "u1", ["b"])], deadlines=[FAR])
-    assert out[0].result.reason == replies.BREAKER_OPEN and features.calls == calls  # no Redis call
+    assert out[0].result.reason == reasons.BREAKER_OPEN and features.calls == calls  # no Redis call
 
 
 async def test_no_active_model_gives_popularity_fallback() -> None:
     service, _ = make(None, Features(SEQ, {"a": 5.0}))
     out = await service.rank([incoming("r1", "u1", ["a", "b"])], deadlines=[FAR])
     assert (
-        out[0].result.reason == replies.NO_MODEL
+        out[0].result.reason == reasons.NO_MODEL
         and out[0].result.scores[0] > out[0].result.scores[1]
     )
 
@@ -243,7 +242,7 @@ async def test_degraded_replies_are_logged_for_the_version_they_were_routed_to()
         assert ranked.served["reason"] == ranked.result.reason
         assert ranked.served["scores"] == list(ranked.result.scores)
         assert "sequence" not in ranked.served
-    assert {r.result.reason for r in out} == {replies.REDIS_UNAVAILABLE, replies.EXPIRED}
+    assert {r.result.reason for r in out} == {reasons.REDIS_UNAVAILABLE, reasons.EXPIRED}
     assert out[0].served is not None and out[0].served["latency_ms"] is not None
     # no model at all: nothing is routed, nothing logged
     service, _ = make(None, Features(SEQ, {}), log_served=True)
@@ -265,8 +264,8 @@ class BrokenEmbeddings(Embeddings):
 @pytest.mark.parametrize(
     ("error", "reason"),
     [
-        (EmbeddingError("table missing"), replies.MODEL_UNAVAILABLE),
-        (RuntimeError("shape mismatch"), replies.INTERNAL_ERROR),
+        (EmbeddingError("table missing"), reasons.MODEL_UNAVAILABLE),
+        (RuntimeError("shape mismatch"), reasons.INTERNAL_ERROR),
     ],
 )
 async def test_model_failure_during_half_open_probe_does_not_wedge_the_breaker(
@@ -322,7 +321,7 @@ async def test_a_hanging_redis_costs_at_most_the_batch_deadline() -> None:
     )
     waited = time.monotonic() - started
     assert 0.1 <= waited < 30  # the earliest deadline (150 ms), not a hang
-    assert [r.result.reason for r in out] == [replies.REDIS_UNAVAILABLE] * 2
+    assert [r.result.reason for r in out] == [reasons.REDIS_UNAVAILABLE] * 2
     assert all(r.result.degraded and len(r.result.scores) == len(r.result.items) for r in out)
     assert breaker.state is BreakerState.CLOSED and breaker._failures == 0
 
@@ -347,7 +346,7 @@ async def test_a_half_open_probe_cut_by_the_deadline_does_not_wedge_the_breaker(
     breaker.record_failure()  # open (failures=2)
     breaker._opened_at -= 60.0  # the cooldown has passed: the next batch probes
     out = await service.rank([incoming("r1", "u1", ["a"])], deadlines=[clock.now_ms() + 50])
-    assert out[0].result.reason == replies.REDIS_UNAVAILABLE
+    assert out[0].result.reason == reasons.REDIS_UNAVAILABLE
     # Redis is back: the next batch probes again and closes the breaker.
     service._features = Features(SEQ, {})
     out = await service.rank([incoming("r2", "u1", ["a"])], deadlines=[FAR])
@@ -378,7 +377,7 @@ async def test_a_request_about_to_expire_does_not_cut_its_whole_batch_short() ->
         deadlines=[now + 5, now + 10_000],
     )
     assert [(r.result.degraded, r.result.reason) for r in out] == [
-        (True, replies.EXPIRED),
+        (True, reasons.EXPIRED),
         (False, None),
     ]
     assert out[1].result.model_version == "v1"
@@ -394,7 +393,7 @@ async def test_without_the_margin_the_same_batch_is_cut_at_its_earliest_deadline
         [incoming("r1", "u1", ["a", "b"]), incoming("r2", "u2", ["b"])],
         deadlines=[now + 5, now + 10_000],
     )
-    assert [r.result.reason for r in out] == [replies.REDIS_UNAVAILABLE] * 2
+    assert [r.result.reason for r in out] == [reasons.REDIS_UNAVAILABLE] * 2
 
 
 async def test_no_deadline_cuts_the_batch_wait_below_the_minimum_even_on_a_cold_worker() -> None:
@@ -419,7 +418,7 @@ async def test_a_hanging_redis_is_still_cut_at_the_minimum_wait() -> None:
     started = time.monotonic()
     out = await service.rank([incoming("r1", "u1", ["a"])], deadlines=[now + 5])
     assert 0.15 <= time.monotonic() - started < 5  # ~200 ms: the minimum wait, then cut
-    assert out[0].result.reason == replies.REDIS_UNAVAILABLE
+    assert out[0].result.reason == reasons.REDIS_UNAVAILABLE
 
 
 def test_the_margin_follows_redis_time_up_to_its_cap() -> None:
