@@ -14,6 +14,7 @@ from typing import Any, Literal, Protocol
 import orjson
 
 from streamrank.errors import ContractError
+from streamrank.settings import LimitSettings
 
 Action = Literal["click", "view", "cart", "purchase"]
 ACTIONS: frozenset[str] = frozenset({"click", "view", "cart", "purchase"})
@@ -21,19 +22,19 @@ ACTIONS: frozenset[str] = frozenset({"click", "view", "cart", "purchase"})
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Size limits of the contract (settings ``max_message_bytes``, ``max_items_per_request``,
-    ``max_id_length``)."""
+    """Size limits of the contract (``settings.limits``: ``max_message_bytes``,
+    ``max_items_per_request``, ``max_id_length``)."""
 
     max_message_bytes: int = 64 * 1024
     max_items: int = 500
     max_id_length: int = 128
 
     @classmethod
-    def from_settings(cls, settings: Any) -> Limits:
+    def from_settings(cls, limits: LimitSettings) -> Limits:
         return cls(
-            max_message_bytes=settings.max_message_bytes,
-            max_items=settings.max_items_per_request,
-            max_id_length=settings.max_id_length,
+            max_message_bytes=limits.max_message_bytes,
+            max_items=limits.max_items_per_request,
+            max_id_length=limits.max_id_length,
         )
 
 

@@ -48,7 +48,7 @@ class RankClient:
         self, *, settings: Settings, reply_topic: str | None = None, default_timeout_s: float = 5.0
     ) -> None:
         self._settings = settings
-        self._reply_topic = reply_topic or settings.topic_results
+        self._reply_topic = reply_topic or settings.topics.results
         self._default_timeout_s = default_timeout_s
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
@@ -59,11 +59,11 @@ class RankClient:
 
     async def start(self) -> None:
         s = self._settings
-        self._producer = kafka.producer(s, acks="all", linger_ms=0)
+        self._producer = kafka.producer(s.kafka, acks="all", linger_ms=0)
         self._consumer = kafka.consumer(
-            s,
+            s.kafka,
             enable_auto_commit=False,
-            fetch_max_wait_ms=s.scoring_fetch_wait_ms,
+            fetch_max_wait_ms=s.scoring.fetch_wait_ms,
         )
         try:
             await self._producer.start()
@@ -84,7 +84,7 @@ class RankClient:
                 await self._consumer.position(tp)
         except KafkaError as exc:
             await self.stop()
-            raise KafkaUnavailable(f"cannot reach Kafka at {s.kafka_bootstrap}: {exc}") from exc
+            raise KafkaUnavailable(f"cannot reach Kafka at {s.kafka.bootstrap}: {exc}") from exc
         self._reader = asyncio.create_task(self._read_replies(), name="rank-client-replies")
 
     async def stop(self) -> None:
@@ -153,7 +153,7 @@ class RankClient:
         self._pending[request.request_id] = future
         try:
             await self._producer.send_and_wait(
-                self._settings.topic_requests, request.to_json(), key=request.user_id.encode()
+                self._settings.topics.requests, request.to_json(), key=request.user_id.encode()
             )
         except KafkaError as exc:
             self._pending.pop(request.request_id, None)
@@ -182,7 +182,7 @@ class RankClient:
             context=context,
             deadline_ms=deadline_ms,
             reply_to=self._reply_topic
-            if self._reply_topic != self._settings.topic_results
+            if self._reply_topic != self._settings.topics.results
             else None,
         )
         started = time.monotonic()
@@ -196,7 +196,7 @@ class RankClient:
             raise RankTimeout(
                 f"no reply to request {request.request_id} within {timeout_s:.1f}s on "
                 f"{self._reply_topic!r}; is a scoring worker running (`streamrank worker scoring`) "
-                f"and consuming {self._settings.topic_requests!r}?"
+                f"and consuming {self._settings.topics.requests!r}?"
             ) from None
         if is_error_reply(result):
             raise RankRejected(

@@ -32,6 +32,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from streamrank.kafka import guard as kafka_guard
 from streamrank.runtime import group_metrics, groups
+from streamrank.settings import KafkaSettings, Settings
 from streams.classify import Record
 
 logger = logging.getLogger(__name__)
@@ -178,73 +179,73 @@ def _record(message: Any) -> Record:
     )
 
 
-def _credentials(settings: Any) -> Any:
-    kwargs = settings.kafka_client_kwargs()
-    if settings.kafka_sasl_mechanism:
+def _credentials(kafka: KafkaSettings) -> Any:
+    kwargs = kafka.client_kwargs()
+    if kafka.sasl_mechanism:
         return faust.SASLCredentials(
             username=kwargs["sasl_plain_username"],
             password=kwargs["sasl_plain_password"],
             ssl_context=kwargs.get("ssl_context"),
-            mechanism=settings.kafka_sasl_mechanism,
+            mechanism=kafka.sasl_mechanism,
         )
     if "ssl_context" in kwargs:
         return faust.SSLCredentials(kwargs["ssl_context"])
     return None
 
 
-def create_app(settings: Any, *, handler: BatchHandler) -> FeaturesApp:
+def create_app(settings: Settings, *, handler: BatchHandler) -> FeaturesApp:
     """The features app; ``handler`` applies one batch and returns once it is durable."""
-    brokers = [f"kafka://{host.strip()}" for host in settings.kafka_bootstrap.split(",")]
-    datadir = Path(settings.run_dir) / "faust"
+    brokers = [f"kafka://{host.strip()}" for host in settings.kafka.bootstrap.split(",")]
+    datadir = Path(settings.tools.run_dir) / "faust"
     # Faust needs its data directory to exist (a fresh checkout has no run dir yet).
     datadir.mkdir(parents=True, exist_ok=True)
     app = FeaturesApp(
-        settings.features_app_id,
+        settings.features.app_id,
         broker=brokers,
-        broker_credentials=_credentials(settings),
+        broker_credentials=_credentials(settings.kafka),
         autodiscover=False,
         datadir=str(datadir),
         key_serializer="raw",
         value_serializer="raw",
         web_enabled=False,
-        broker_client_id=groups.client_id("features", settings.kafka_group_instance_id),
+        broker_client_id=groups.client_id("features", settings.kafka.group_instance_id),
         topic_disable_leader=True,
-        topic_partitions=settings.topic_partitions,
-        topic_replication_factor=settings.topic_replication,
+        topic_partitions=settings.topics.partitions,
+        topic_replication_factor=settings.topics.replication,
         store="memory://",
         table_standby_replicas=0,
         consumer_auto_offset_reset="earliest",
         # A dead worker's partitions move after the session timeout; heartbeats well inside it.
-        broker_session_timeout=settings.kafka_session_timeout_ms / 1000,
-        broker_heartbeat_interval=settings.kafka_heartbeat_interval_ms / 1000,
-        consumer_group_instance_id=settings.kafka_group_instance_id,
+        broker_session_timeout=settings.kafka.session_timeout_ms / 1000,
+        broker_heartbeat_interval=settings.kafka.heartbeat_interval_ms / 1000,
+        consumer_group_instance_id=settings.kafka.group_instance_id,
         # members get this long to rejoin a rebalance: at least the session timeout (Faust's
         # 10 s default is shorter than a static-membership session, and the embedded broker
         # pads each join by a share of it), else a busy member misses the rejoin and the group
         # rebalances again
-        broker_rebalance_timeout=max(10.0, settings.kafka_session_timeout_ms / 1000),
+        broker_rebalance_timeout=max(10.0, settings.kafka.session_timeout_ms / 1000),
         broker_request_timeout=30.0,
-        broker_commit_interval=settings.features_commit_interval_s,
-        broker_commit_every=10 * settings.features_batch_size,
-        broker_max_poll_records=settings.features_batch_size,
+        broker_commit_interval=settings.features.commit_interval_s,
+        broker_commit_every=10 * settings.features.batch_size,
+        broker_max_poll_records=settings.features.batch_size,
         broker_max_poll_interval=300.0,
         consumer_max_fetch_size=4 * 1024 * 1024,
-        stream_buffer_maxsize=4 * settings.features_batch_size,
+        stream_buffer_maxsize=4 * settings.features.batch_size,
         stream_wait_empty=False,
         producer_acks=-1,
     )
     app.batch_handler = handler
-    app.use_batch_path = settings.features_path == "batch"
-    app.fetch_max_wait_ms = settings.features_fetch_max_wait_ms
-    app.isolation_level = settings.kafka_isolation_level
+    app.use_batch_path = settings.features.path == "batch"
+    app.fetch_max_wait_ms = settings.features.fetch_max_wait_ms
+    app.isolation_level = settings.kafka.isolation_level
     kafka_guard.install()  # an undecodable batch becomes one dead letter, not a crash
-    app.max_inflight = settings.features_max_inflight_batches
-    topic = app.topic(settings.topic_clicks, key_type=bytes, value_type=bytes, acks=True)
-    if settings.features_path == "batch":
+    app.max_inflight = settings.features.max_inflight_batches
+    topic = app.topic(settings.topics.clicks, key_type=bytes, value_type=bytes, acks=True)
+    if settings.features.path == "batch":
         # Subscribe without an agent: FeaturesConsumer hands whole fetches to the handler.
         app.topics.add(topic)
     else:
-        batch_size, within = settings.features_batch_size, settings.features_batch_within_s
+        batch_size, within = settings.features.batch_size, settings.features.batch_within_s
 
         @app.agent(topic, name="features")
         async def features(stream: Any) -> None:

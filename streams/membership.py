@@ -10,16 +10,19 @@ from typing import Any
 from streamrank.redis.client import redis_client
 from streamrank.runtime.health import Health
 from streamrank.runtime.membership import Membership
+from streamrank.settings import Settings
 from streams.metrics import FeatureMetrics
 
 READY_CHECKS = ("group", "redis")  # what /readyz of a features worker waits for
 
 
-def watch_membership(app: Any, *, settings: Any, metrics: FeatureMetrics, health_: Health) -> None:
+def watch_membership(
+    app: Any, *, settings: Settings, metrics: FeatureMetrics, health_: Health
+) -> None:
     """Connect the app's rebalance signals and start the registry/health task with the app."""
     membership = Membership(
-        kind="features", group=settings.features_app_id, member=app.conf.broker_client_id,
-        topics=[settings.topic_clicks], health_=health_, metrics=metrics,
+        kind="features", group=settings.features.app_id, member=app.conf.broker_client_id,
+        topics=[settings.topics.clicks], health_=health_, metrics=metrics,
     )  # fmt: skip
 
     async def revoked(_sender: Any, tps: Any, **_kwargs: Any) -> None:
@@ -32,7 +35,7 @@ def watch_membership(app: Any, *, settings: Any, metrics: FeatureMetrics, health
     app.on_partitions_assigned.connect(assigned)
 
     async def background() -> None:
-        redis = redis_client(settings)
+        redis = redis_client(settings.redis)
         try:
             await membership.run(redis)
         finally:

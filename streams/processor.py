@@ -29,6 +29,7 @@ from streamrank.errors import DependencyUnavailable, KafkaUnavailable
 from streamrank.kafka import clients as kafka
 from streamrank.redis.client import redis_client, slot_grouping
 from streamrank.runtime import logs
+from streamrank.settings import Settings
 from streams.classify import Classified, Record, classify
 from streams.metrics import FeatureMetrics
 from streams.windows import windows_from_settings
@@ -56,18 +57,18 @@ class FeatureProcessor:
     def __init__(
         self,
         *,
-        settings: Any,
+        settings: Settings,
         metrics: FeatureMetrics,
         redis: Any = None,
         producer: AIOKafkaProducer | None = None,
     ) -> None:
         self._settings = settings
         self._metrics = metrics
-        self._limits = Limits.from_settings(settings)
-        self._windows = windows_from_settings(settings)
+        self._limits = Limits.from_settings(settings.limits)
+        self._windows = windows_from_settings(settings.features)
         self._owns_redis = redis is None
         if redis is None:
-            redis = redis_client(settings, timeout_s=settings.features_redis_timeout_s)
+            redis = redis_client(settings.redis, timeout_s=settings.features.redis_timeout_s)
         self._redis = redis
         # Created on first use: aiokafka binds its client to the running loop.
         self._producer = producer
@@ -75,8 +76,8 @@ class FeatureProcessor:
         self._producer_started = producer is not None
         self._writer = BatchWriter(
             redis=self._redis,
-            wait_replicas=settings.redis_wait_replicas,
-            wait_timeout_ms=settings.redis_wait_timeout_ms,
+            wait_replicas=settings.redis.wait_replicas,
+            wait_timeout_ms=settings.redis.wait_timeout_ms,
         )
         self._slot_of = slot_grouping(self._redis)
         self._down: dict[str, float] = {}
@@ -87,7 +88,7 @@ class FeatureProcessor:
 
     async def _ensure_producer(self) -> AIOKafkaProducer:
         if self._producer is None:
-            self._producer = kafka.producer(self._settings, acks="all", linger_ms=2)
+            self._producer = kafka.producer(self._settings.kafka, acks="all", linger_ms=2)
         if not self._producer_started:
             try:
                 await self._producer.start()
@@ -137,16 +138,16 @@ class FeatureProcessor:
         """Sort the records into apply / dead / forward and build the batch's Redis calls."""
         settings = self._settings
         classified = classify(
-            records, limits=self._limits, now_ms=now_ms, max_skew_s=settings.max_event_skew_s
+            records, limits=self._limits, now_ms=now_ms, max_skew_s=settings.limits.max_event_skew_s
         )
         batch = assemble(
             classified.apply,
             now_ms=now_ms,
             windows=self._windows,
-            lateness_s=settings.counter_lateness_s,
-            sequence_length=settings.sequence_length,
-            sequence_ttl_s=settings.sequence_ttl_s,
-            dedupe_ttl_s=settings.dedupe_ttl_s,
+            lateness_s=settings.features.counter_lateness_s,
+            sequence_length=settings.features.sequence_length,
+            sequence_ttl_s=settings.features.sequence_ttl_s,
+            dedupe_ttl_s=settings.features.dedupe_ttl_s,
             slot_of=self._slot_of,
         )
         return classified, batch
@@ -194,12 +195,12 @@ class FeatureProcessor:
         producer = await self._ensure_producer()
         try:
             futures = [
-                await producer.send(settings.topic_dead_letters, letter.to_json())
+                await producer.send(settings.topics.dead_letters, letter.to_json())
                 for _reason, letter in classified.dead
             ]
             futures += [
                 await producer.send(
-                    settings.topic_clicks,
+                    settings.topics.clicks,
                     raw,
                     key=event.user_id.encode(),
                     headers=list(headers) or None,
@@ -240,7 +241,7 @@ class FeatureProcessor:
                 cause = type(exc.__cause__).__name__
                 self._metrics.retries.labels(dependency).inc()
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self._settings.features_retry_max_s)
+                delay = min(delay * 2, self._settings.features.retry_max_s)
                 continue
             if dependency in self._down:
                 outage = time.monotonic() - self._down.pop(dependency)

@@ -1,6 +1,6 @@
 """The read API of the features for the scoring side: whole batches in one Redis round trip.
 
-``FeatureReader(*, redis, settings)``:
+``FeatureReader(*, redis, features)`` (``features``: the features settings):
 
 - ``await get_sequences(user_ids)`` -> ``{user_id: [SequenceEvent, ...]}`` oldest first, ordered
   by (ts, event_id), at most ``sequence_length`` events; an unknown user maps to ``[]``.
@@ -27,6 +27,7 @@ from streamrank import clock, keys
 from streamrank.redis.client import redis_client
 from streamrank.redis.errors import redis_call
 from streamrank.redis.pipeline import NodePipeline
+from streamrank.settings import FeatureSettings, Settings
 from streams.windows import Window, window_buckets, windows_from_settings
 
 _CATEGORY_PREFIX = keys.category_field("")
@@ -73,9 +74,9 @@ def _int(value: Any) -> int:
 class FeatureReader:
     """Batch reads of sequences and windowed counters."""
 
-    def __init__(self, *, redis: Any, settings: Any) -> None:
+    def __init__(self, *, redis: Any, features: FeatureSettings) -> None:
         self._redis = redis
-        self._fine, self._coarse = windows_from_settings(settings)
+        self._fine, self._coarse = windows_from_settings(features)
 
     async def _run(self, pipe: NodePipeline) -> list[Any]:
         with redis_call("the feature read", "retry later or serve without features"):
@@ -200,11 +201,11 @@ class ItemReads:
         return totals
 
 
-async def read_user_features(settings: Any, user_id: str) -> dict[str, Any]:
+async def read_user_features(settings: Settings, user_id: str) -> dict[str, Any]:
     """``{"user_id", "sequence": [...] (oldest first), "counters": {...}}`` of one user."""
-    client = redis_client(settings)
+    client = redis_client(settings.redis)
     try:
-        reader = FeatureReader(redis=client, settings=settings)
+        reader = FeatureReader(redis=client, features=settings.features)
         sequences = await reader.get_sequences([user_id])
         counters = await reader.get_counters(user_ids=[user_id])
     finally:

@@ -15,7 +15,8 @@ event whose bucket has already passed that point is outside every window: it is 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from streamrank.settings import FeatureSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,11 +28,11 @@ class Window:
     resolution_s: int
 
 
-def windows_from_settings(settings: Any) -> tuple[Window, Window]:
+def windows_from_settings(features: FeatureSettings) -> tuple[Window, Window]:
     """The 1 h (fine buckets) and 24 h (coarse buckets) windows."""
     return (
-        Window("1h", 3600, settings.counter_bucket_s),
-        Window("24h", 24 * 3600, settings.counter_coarse_bucket_s),
+        Window("1h", 3600, features.counter_bucket_s),
+        Window("24h", 24 * 3600, features.counter_coarse_bucket_s),
     )
 
 

@@ -42,12 +42,12 @@ def serve(settings: Settings, *, metrics_port: int | None = None) -> int:
     watch_membership(app, settings=settings, metrics=metrics, health_=health)
     logger.info(
         "features worker: group %s, topic %s, path %s, batch %s",
-        settings.features_app_id,
-        settings.topic_clicks,
-        settings.features_path,
-        settings.features_batch_size,
+        settings.features.app_id,
+        settings.topics.clicks,
+        settings.features.path,
+        settings.features.batch_size,
     )
-    port = resolve_port(metrics_port, settings.metrics_port, "features")
+    port = resolve_port(metrics_port, settings.observability.metrics_port, "features")
     with metrics_server(registry, port, health=health):
         _tune_interpreter()
         _run_faust(app, settings)
@@ -58,8 +58,8 @@ async def _prepare(settings: Settings) -> None:
     from streamrank.kafka.topics import create_topics
 
     # A pod that starts before the broker waits for it instead of crash-looping.
-    await kafka.wait_for_broker(settings, what="features worker")
-    await create_topics(settings, topics=(settings.topic_clicks, settings.topic_dead_letters))
+    await kafka.wait_for_broker(settings.kafka, what="features worker")
+    await create_topics(settings, topics=(settings.topics.clicks, settings.topics.dead_letters))
 
 
 def _tune_interpreter() -> None:
@@ -81,12 +81,12 @@ def _run_faust(app: Any, settings: Settings) -> None:
 
     worker = faust.Worker(
         app,
-        loglevel=settings.log_level.lower(),
+        loglevel=settings.observability.log_level.lower(),
         quiet=True,
         redirect_stdouts=False,
         # JSON lines replace Faust's coloured text handler (text keeps Faust's own).
-        logging_config=logs.dict_config(settings.log_level, "json")
-        if settings.log_format == "json"
+        logging_config=logs.dict_config(settings.observability.log_level, "json")
+        if settings.observability.log_format == "json"
         else None,
     )
     try:

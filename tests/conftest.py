@@ -43,14 +43,14 @@ class StackInfo:
         return redis.Redis.from_url(self.redis_url)
 
     def settings(self, **overrides: object) -> Settings:
+        """Settings on this stack; ``overrides`` are ``STREAMRANK_*`` variables."""
         base: dict[str, object] = {
-            "kafka_bootstrap": self.bootstrap,
-            "redis_url": self.redis_url,
-            "run_dir": self.run_dir,
-            "metrics_port": 0,
+            "STREAMRANK_KAFKA_BOOTSTRAP": self.bootstrap,
+            "STREAMRANK_REDIS_URL": self.redis_url,
+            "STREAMRANK_RUN_DIR": self.run_dir,
+            "STREAMRANK_METRICS_PORT": 0,
         }
-        base.update(overrides)
-        return Settings(**base)  # type: ignore[arg-type]
+        return Settings().with_env(**{**base, **overrides})
 
 
 @pytest.fixture(scope="session")
@@ -102,17 +102,17 @@ def unique() -> str:
 
 @pytest.fixture
 def make_settings(stack: StackInfo, unique: str) -> Callable[..., Settings]:
-    """Settings on the test stack with topic names private to this test."""
+    """Settings on the test stack with topic names private to this test; ``overrides`` are
+    ``STREAMRANK_*`` variables."""
 
     def factory(**overrides: object) -> Settings:
         topics: dict[str, object] = {
-            "topic_clicks": f"clicks-{unique}",
-            "topic_requests": f"rank-requests-{unique}",
-            "topic_results": f"rank-results-{unique}",
-            "topic_dead_letters": f"dead-letters-{unique}",
+            "STREAMRANK_TOPIC_CLICKS": f"clicks-{unique}",
+            "STREAMRANK_TOPIC_REQUESTS": f"rank-requests-{unique}",
+            "STREAMRANK_TOPIC_RESULTS": f"rank-results-{unique}",
+            "STREAMRANK_TOPIC_DEAD_LETTERS": f"dead-letters-{unique}",
         }
-        topics.update(overrides)
-        return stack.settings(**topics)
+        return stack.settings(**{**topics, **overrides})
 
     return factory
 

@@ -88,7 +88,7 @@ def prepare_model(settings: Settings, *, synthetic: bool, progress: bool = True)
     from scoring.training.synthetic import generate
     from scoring.training.train import TrainConfig, export_artifact, train_and_evaluate
 
-    movielens = Path(settings.data_dir) / "ml-100k"
+    movielens = Path(settings.tools.data_dir) / "ml-100k"
     if not synthetic and movielens.is_dir():
         ds = load_movielens(movielens)
         epochs = DEMO_EPOCHS
@@ -98,7 +98,7 @@ def prepare_model(settings: Settings, *, synthetic: bool, progress: bool = True)
         epochs = 1
         why = "--synthetic" if synthetic else f"no MovieLens at {movielens}"
         say(f"data: synthetic clicks ({why}; {ds.n_events} events, {SYNTHETIC_USERS} users)")
-    root = Path(settings.artifacts_dir)
+    root = Path(settings.tools.artifacts_dir)
     found = _matching_artifact(root, ds.sha256)
     if found is not None:
         say(f"model: reusing artifact {found} (newest trained on this data)")
@@ -106,10 +106,12 @@ def prepare_model(settings: Settings, *, synthetic: bool, progress: bool = True)
     say(f"model: training DIN on {ds.name}, {epochs} epoch(s); "
         f"{'about a minute' if ds.name != 'synthetic' else 'a few seconds'} on 2 cores ...")  # fmt: skip
     cfg = TrainConfig(
-        epochs=epochs, history_len=settings.sequence_length, threads=settings.torch_threads
+        epochs=epochs,
+        history_len=settings.features.sequence_length,
+        threads=settings.scoring.torch_threads,
     )
     result = train_and_evaluate(ds, cfg, progress=progress)
-    path = Path(export_artifact(result, ds, cfg, root, encoding=settings.embedding_encoding))
+    path = Path(export_artifact(result, ds, cfg, root, encoding=settings.embeddings.encoding))
     test = result.metrics["test"]
     say(
         f"model: {path.name} written to {path}; test AUC din {test['din']['auc']:.4f}, "
@@ -169,9 +171,9 @@ def _metrics_port(settings: Settings, kind: str) -> int:
     from streamrank.runtime.metrics_http import DEFAULT_PORTS
     from workbench.devstack.services import free_port, port_in_use
 
-    if settings.metrics_port == 0:
+    if settings.observability.metrics_port == 0:
         return 0
-    port = settings.metrics_port or DEFAULT_PORTS[kind]
+    port = settings.observability.metrics_port or DEFAULT_PORTS[kind]
     return free_port() if port_in_use(port) else port
 
 
@@ -284,7 +286,9 @@ async def run_demo(
     try:
         await _wait_ready(handles, ports)
         watched = pick_user_and_items(
-            model.dataset, horizon=max(1000, int(rate * 30)), max_events=settings.sequence_length
+            model.dataset,
+            horizon=max(1000, int(rate * 30)),
+            max_events=settings.features.sequence_length,
         )
         if view == "top" and not all(ports.values()):
             say("the dashboard reads the workers' /metrics, which are off: showing --view user")
@@ -296,10 +300,10 @@ async def run_demo(
             "to stop"
         )
         say(
-            f"in another shell: streamrank tail {settings.topic_results} --follow | streamrank "
+            f"in another shell: streamrank tail {settings.topics.results} --follow | streamrank "
             "lag --watch | streamrank top | streamrank dlq"
         )
-        producer = kafka.producer(settings, acks="all", linger_ms=5)
+        producer = kafka.producer(settings.kafka, acks="all", linger_ms=5)
         await producer.start()
         dashboard = Dashboard(ports) if view == "top" else None
         await _produce_and_watch(
@@ -320,7 +324,7 @@ async def _serve(settings: Settings, model: DemoModel) -> None:
     topics = await create_topics(settings)
     say("topics: " + ", ".join(f"{t} ({s})" for t, s in topics.items()))
     artifact = load_artifact(model.path)
-    redis = redis_client(settings)
+    redis = redis_client(settings.redis)
     try:
         published = await ensure_published(redis, artifact)
         previous = await activate_version(redis, artifact.version)
@@ -370,9 +374,9 @@ async def _produce_and_watch(
             while duration_s is None or time.monotonic() - started < duration_s:
                 elapsed = time.monotonic() - started
                 due = int(elapsed * rate) - produced
-                produced += await _send_due(producer, settings.topic_clicks, clicks, due)
+                produced += await _send_due(producer, settings.topics.clicks, clicks, due)
                 due = int(elapsed * request_rate) - asked
-                asked += await _send_due(producer, settings.topic_requests, requests, due)
+                asked += await _send_due(producer, settings.topics.requests, requests, due)
                 if time.monotonic() >= next_show:
                     next_show += every_s
                     await producer.flush()

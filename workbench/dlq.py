@@ -66,7 +66,7 @@ async def read_letters(
             found.append(Letter(message, letter))
 
     await tail(
-        settings, settings.topic_dead_letters, start=start, follow=False, limit=None,
+        settings, settings.topics.dead_letters, start=start, follow=False, limit=None,
         filters=filters, emit=keep, stats=stats or TailStats(),
     )  # fmt: skip
     return (found[:limit] if limit is not None else found), unreadable
@@ -99,7 +99,7 @@ async def replay(
     }
     if not confirm or not letters:
         return report
-    producer = kafka.producer(settings, acks="all", linger_ms=5)
+    producer = kafka.producer(settings.kafka, acks="all", linger_ms=5)
     await producer.start()
     try:
         futures = [

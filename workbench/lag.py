@@ -147,15 +147,15 @@ async def describe_lag(
 ) -> GroupLag:
     """Lag per partition of ``group_id`` on ``topic``, with the owners and members (broker
     first, then the registry in Redis) when ``owners``."""
-    admin = AIOKafkaAdminClient(**settings.kafka_client_kwargs())
-    consumer = kafka.consumer(settings, enable_auto_commit=False)
+    admin = AIOKafkaAdminClient(**settings.kafka.client_kwargs())
+    consumer = kafka.consumer(settings.kafka, enable_auto_commit=False)
     try:
         await admin.start()
         await consumer.start()
     except KafkaConnectionError as exc:
         await consumer.stop()
         await admin.close()
-        raise KafkaUnavailable(f"cannot reach Kafka at {settings.kafka_bootstrap}: {exc}") from exc
+        raise KafkaUnavailable(f"cannot reach Kafka at {settings.kafka.bootstrap}: {exc}") from exc
     try:
         partitions = consumer.partitions_for_topic(topic) or set()
         if not partitions:
@@ -201,7 +201,7 @@ async def describe_lag(
 
 
 async def _registry(settings: Settings, group_id: str) -> tuple[list[groups.Member], str]:
-    client = redis_client(settings)
+    client = redis_client(settings.redis)
     try:
         return await groups.members(client, group_id), ""
     except TRANSIENT as exc:

@@ -59,13 +59,11 @@ def differences(expected: npt.ArrayLike, online: npt.ArrayLike) -> dict[str, flo
 
 def run_settings(settings: Settings, *, run: str, version: str, max_history: int) -> Settings:
     """Settings of the replay's private topics, groups and workers."""
-    return settings.model_copy(
-        update={
-            **private_run(run),
-            "sequence_length": max_history,
-            "canary_split": f"{version}:1",
-            "served_log_topic": None,
-        }
+    return settings.with_env(
+        **private_run(run),
+        STREAMRANK_SEQUENCE_LENGTH=max_history,
+        STREAMRANK_CANARY_SPLIT=f"{version}:1",
+        STREAMRANK_SERVED_LOG_TOPIC=None,
     )
 
 
@@ -149,10 +147,12 @@ async def run_replay(
     started = time.perf_counter()
     seconds: dict[str, float] = {}
     run = f"replay-{uuid.uuid4().hex[:8]}"
-    max_history = int(artifact.config.get("train", {}).get("history_len", settings.sequence_length))
-    # The worker serves the dense weights as settings.scoring_dense_weights: so does this.
-    dense = settings.scoring_dense_weights
-    redis = redis_client(settings)
+    max_history = int(
+        artifact.config.get("train", {}).get("history_len", settings.features.sequence_length)
+    )
+    # The worker serves the dense weights as settings.scoring.dense_weights: so does this.
+    dense = settings.scoring.dense_weights
+    redis = redis_client(settings.redis)
     try:
         version, enc = await _publish(
             redis, artifact, encoding=encoding, activate=activate, run=run, progress=progress
@@ -180,7 +180,7 @@ async def run_replay(
         "dense_weights": dense,
         **replay_report(cases, replayed, offline, tolerance=tolerance),
         "activated": activate,
-        "redis": settings.redis_mode,
+        "redis": settings.redis.mode,
         "run": run,
         "seconds": {k: round(v, 2) for k, v in seconds.items()},
     }
@@ -222,7 +222,7 @@ async def _through_workers(
     the rank requests; the workers are stopped at the end."""
     from workbench.devstack.processes import start_worker
 
-    logs = Path(rs.run_dir) / run
+    logs = Path(rs.tools.run_dir) / run
     mark = time.perf_counter()
     features = start_worker("features", rs, log_path=logs / "features-worker.log")
     scoring = start_worker("scoring", rs, log_path=logs / "scoring-worker.log")

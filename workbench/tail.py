@@ -63,15 +63,15 @@ class Start:
 def kind_of(topic: str, settings: Settings) -> Kind:
     """Which of our message kinds a topic carries (by the topic settings)."""
     known: dict[str, Kind] = {
-        settings.topic_results: "results",
-        settings.topic_requests: "requests",
-        settings.topic_clicks: "clicks",
-        settings.topic_dead_letters: "dead_letters",
+        settings.topics.results: "results",
+        settings.topics.requests: "requests",
+        settings.topics.clicks: "clicks",
+        settings.topics.dead_letters: "dead_letters",
     }
-    for reply_topic in settings.reply_topics_allowed:
+    for reply_topic in settings.topics.reply_allowed:
         known.setdefault(reply_topic, "results")
-    if settings.served_log_topic:
-        known.setdefault(settings.served_log_topic, "served")
+    if settings.topics.served_log:
+        known.setdefault(settings.topics.served_log, "served")
     return known.get(topic, "other")
 
 
@@ -288,7 +288,7 @@ async def tail(
     """Read ``topic`` from ``start`` (every partition, or ``partitions``), hand each matching
     message to ``emit``; without ``follow`` stop at the end offsets found when it began."""
     consumer = kafka.consumer(
-        settings, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=100
+        settings.kafka, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=100
     )
     await consumer.start()
     try:
@@ -321,7 +321,7 @@ async def _assigned(
         known = consumer.partitions_for_topic(topic)
     if not known:
         raise StreamrankError(
-            f"topic {topic!r} does not exist on {settings.kafka_bootstrap} "
+            f"topic {topic!r} does not exist on {settings.kafka.bootstrap} "
             "(`streamrank topics create` makes ours)"
         )
     wanted = sorted(known) if not partitions else [p for p in partitions if p in known]

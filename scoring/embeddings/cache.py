@@ -37,6 +37,7 @@ from scoring.embeddings.metrics import EmbeddingCacheMetrics
 from scoring.embeddings.policy import make_policy
 from scoring.embeddings.store import EmbeddingStore, EncodedRows, TableMeta
 from streamrank.errors import ConfigError, EmbeddingError
+from streamrank.settings import EmbeddingSettings
 
 logger = logging.getLogger(__name__)
 
@@ -113,15 +114,19 @@ class CachedEmbeddings:
 
     @classmethod
     def from_settings(
-        cls, *, store: EmbeddingStore, settings: Any, registry: CollectorRegistry | None = None
+        cls,
+        *,
+        store: EmbeddingStore,
+        embeddings: EmbeddingSettings,
+        registry: CollectorRegistry | None = None,
     ) -> CachedEmbeddings:
         return cls(
             store=store,
-            cache_bytes=settings.cache_bytes,
-            policy=settings.cache_policy,
+            cache_bytes=embeddings.cache_bytes,
+            policy=embeddings.cache_policy,
             registry=registry,
-            hold=settings.cache_hold,
-            typical_row_bytes=row_bytes(settings.embedding_encoding, 32),
+            hold=embeddings.cache_hold,
+            typical_row_bytes=row_bytes(embeddings.encoding, 32),
         )
 
     def _oov_value(self, meta: TableMeta) -> bytes:

@@ -28,6 +28,7 @@ from streamrank import keys
 from streamrank.errors import ConfigError, EmbeddingError, UnknownVersion
 from streamrank.redis.client import client_for_url, redis_client
 from streamrank.redis.errors import redis_call
+from streamrank.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -93,14 +94,14 @@ class EmbeddingStore:
         return cls(redis=client, owns_client=True, **kwargs)
 
     @classmethod
-    def from_settings(cls, settings: Any) -> EmbeddingStore:
+    def from_settings(cls, settings: Settings) -> EmbeddingStore:
         """A store owning a client on the settings' Redis (timeouts, TLS)."""
         return cls(
-            redis=redis_client(settings),
+            redis=redis_client(settings.redis),
             owns_client=True,
-            fetch_mode=settings.embedding_fetch_mode,
-            configure_redis=settings.embedding_configure_redis,
-            shards=settings.embedding_shards,
+            fetch_mode=settings.embeddings.fetch_mode,
+            configure_redis=settings.embeddings.configure_redis,
+            shards=settings.embeddings.shards,
         )
 
     async def close(self) -> None:

@@ -37,6 +37,7 @@ from scoring.rollout.stats import latency_bin, ranks_by_score, score_bin
 from streamrank import keys
 from streamrank.errors import ConfigError
 from streamrank.redis.errors import redis_call
+from streamrank.settings import RedisSettings, Settings
 
 # Open requests remembered per (user, item) in the last-touch index.
 INDEX_CAP = 8
@@ -296,13 +297,13 @@ class JoinConfig:
     stats_ttl_ms: int
 
     @classmethod
-    def from_settings(cls, settings: Any) -> JoinConfig:
+    def from_settings(cls, settings: Settings) -> JoinConfig:
         return cls(
-            window_ms=settings.outcome_window_s * 1000,
-            close_delay_ms=settings.outcome_close_delay_s * 1000,
-            bucket_s=settings.outcome_bucket_s,
-            seen_ttl_ms=settings.dedupe_ttl_s * 1000,
-            stats_ttl_ms=settings.outcome_retention_s * 1000,
+            window_ms=settings.outcomes.window_s * 1000,
+            close_delay_ms=settings.outcomes.close_delay_s * 1000,
+            bucket_s=settings.outcomes.bucket_s,
+            seen_ttl_ms=settings.features.dedupe_ttl_s * 1000,
+            stats_ttl_ms=settings.outcomes.retention_s * 1000,
         )
 
     @property
@@ -388,11 +389,11 @@ def assemble(
     return JoinCall(user_keys + seen_keys + [keys.outcome_due(), keys.outcome_versions()], payload)
 
 
-def require_single_redis(settings: Any) -> None:
+def require_single_redis(redis: RedisSettings) -> None:
     """The join script touches one user's keys together with the global due/stats/versions
     keys (see :mod:`streamrank.keys`), which a Redis Cluster refuses (CROSSSLOT): say so
     before anything starts."""
-    if settings.redis_is_cluster:
+    if redis.is_cluster:
         raise ConfigError(
             "online outcomes and staged rollouts need a standalone or Sentinel Redis: their join "
             "script is not cluster-safe yet (docs/rollout.md); run the outcomes worker and "

@@ -70,26 +70,26 @@ class OutcomesWorker(GroupWorker):
         export_every_s: float | None = None,
         health: Health | None = None,
     ) -> None:
-        if not settings.served_log_topic:
+        if not settings.topics.served_log:
             raise ConfigError(
                 "the outcomes worker reads the served log: set STREAMRANK_SERVED_LOG_TOPIC (the "
                 "same topic the scoring workers write to)"
             )
-        require_single_redis(settings)
+        require_single_redis(settings.redis)
         super().__init__(
             settings=settings,
             metrics=OutcomeMetrics(registry),
             health=health if health is not None else Health(READY_CHECKS),
-            group=settings.outcomes_group_id,
-            topics=[settings.served_log_topic, settings.topic_clicks],
+            group=settings.outcomes.group_id,
+            topics=[settings.topics.served_log, settings.topics.clicks],
         )
         self.config = JoinConfig.from_settings(settings)
-        self._limits = Limits.from_settings(settings)
-        self._actions = frozenset(settings.outcome_actions)
+        self._limits = Limits.from_settings(settings.limits)
+        self._actions = frozenset(settings.outcomes.actions)
         self._clock = clock_ms
         self._close_every_s = close_every_s
         self._export_every_s = (
-            settings.outcomes_export_interval_s if export_every_s is None else export_every_s
+            settings.outcomes.export_interval_s if export_every_s is None else export_every_s
         )
         self._store: OutcomeStore | None = None
         self.batches = 0
@@ -102,21 +102,21 @@ class OutcomesWorker(GroupWorker):
     # --- the lifecycle's parts (streamrank.runtime.worker) ---------------------------------
 
     async def open(self) -> Any:
-        redis = redis_client(self.settings, timeout_s=self.settings.outcomes_redis_timeout_s)
+        redis = redis_client(self.settings.redis, timeout_s=self.settings.outcomes.redis_timeout_s)
         self._store = OutcomeStore(redis=redis)
         return redis
 
     def kafka_clients(self) -> tuple[AIOKafkaProducer, AIOKafkaConsumer]:
         s = self.settings
-        producer = kafka.producer(s, acks="all", linger_ms=5)
+        producer = kafka.producer(s.kafka, acks="all", linger_ms=5)
         consumer = kafka.consumer(
-            s,
+            s.kafka,
             group_id=self.group,
             client_id=self.client_id,
-            **kafka.group_kwargs(s),
+            **kafka.group_kwargs(s.kafka),
             enable_auto_commit=False,
             auto_offset_reset="earliest",
-            max_poll_records=s.outcomes_batch_max,
+            max_poll_records=s.outcomes.batch_max,
         )
         return producer, consumer
 
@@ -126,8 +126,8 @@ class OutcomesWorker(GroupWorker):
         from streamrank.kafka.topics import create_topics
 
         s = self.settings
-        wanted = (*self.topics, s.topic_dead_letters) + (
-            (s.outcomes_topic,) if s.outcomes_topic else ()
+        wanted = (*self.topics, s.topics.dead_letters) + (
+            (s.topics.outcomes,) if s.topics.outcomes else ()
         )
         return [producer.start, lambda: create_topics(s, topics=wanted), consumer.start]
 
@@ -143,13 +143,13 @@ class OutcomesWorker(GroupWorker):
             "%s %s and %s as group %s (window %ss, close delay %ss, buckets of %ss; outcomes to "
             "%s)",
             READY,
-            s.served_log_topic,
-            s.topic_clicks,
+            s.topics.served_log,
+            s.topics.clicks,
             self.group,
-            s.outcome_window_s,
-            s.outcome_close_delay_s,
-            s.outcome_bucket_s,
-            s.outcomes_topic or "no topic",
+            s.outcomes.window_s,
+            s.outcomes.close_delay_s,
+            s.outcomes.bucket_s,
+            s.topics.outcomes or "no topic",
         )
 
     # --- the loop ---------------------------------------------------------------------------
@@ -159,7 +159,7 @@ class OutcomesWorker(GroupWorker):
         assert self._consumer is not None
         while not self.stopping:
             got = await self._consumer.getmany(
-                timeout_ms=200, max_records=self.settings.outcomes_batch_max
+                timeout_ms=200, max_records=self.settings.outcomes.batch_max
             )
             records = [r for part in got.values() for r in part]
             if records and await self.process(records):
@@ -184,7 +184,7 @@ class OutcomesWorker(GroupWorker):
                 if self.stopping:
                     return False
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self.settings.features_retry_max_s)
+                delay = min(delay * 2, self.settings.features.retry_max_s)
         if failing:
             logger.info("Redis answers again; the outcome join continues")
         self.metrics.observe_join(counts)
@@ -202,7 +202,7 @@ class OutcomesWorker(GroupWorker):
         letters: list[tuple[bytes, bytes]] = []
         horizon = self._clock() - self.config.window_ms - self.config.close_delay_ms
         for record in records:
-            if record.topic == s.served_log_topic:
+            if record.topic == s.topics.served_log:
                 try:
                     served.append(self._decode_served(record))
                 except Exception as exc:
@@ -252,7 +252,7 @@ class OutcomesWorker(GroupWorker):
         while True:
             try:
                 futures = [
-                    await self._producer.send(self.settings.topic_dead_letters, value, key=key)
+                    await self._producer.send(self.settings.topics.dead_letters, value, key=key)
                     for key, value in letters
                 ]
                 await asyncio.gather(*futures)
@@ -310,7 +310,7 @@ class OutcomesWorker(GroupWorker):
             )
             if not claimed:
                 return closed
-            topic = self.settings.outcomes_topic
+            topic = self.settings.topics.outcomes
             if topic:
                 assert self._producer is not None
                 futures = [

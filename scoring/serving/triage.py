@@ -47,18 +47,18 @@ class Triaged:
 class Routing:
     """Where replies and dead letters go, and the default deadline budget."""
 
-    results: str  # topic_results
-    dead_letters: str  # topic_dead_letters
-    allowed: tuple[str, ...]  # reply_topics_allowed
-    budget_ms: int  # scoring_budget_ms
+    results: str
+    dead_letters: str
+    allowed: tuple[str, ...]  # besides results
+    budget_ms: int  # a request without its own deadline
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Routing:
         return cls(
-            results=settings.topic_results,
-            dead_letters=settings.topic_dead_letters,
-            allowed=tuple(settings.reply_topics_allowed),
-            budget_ms=settings.scoring_budget_ms,
+            results=settings.topics.results,
+            dead_letters=settings.topics.dead_letters,
+            allowed=tuple(settings.topics.reply_allowed),
+            budget_ms=settings.scoring.budget_ms,
         )
 
     def reply_topic(self, reply_to: str | None) -> str | None:

@@ -18,7 +18,7 @@ from scoring.serving.protocols import EmbeddingSource, FeatureSource
 from scoring.serving.service import RankService
 from scoring.serving.watcher import Loader, RecentIds, VersionWatcher
 from streamrank.redis.client import redis_client
-from streamrank.settings import Settings
+from streamrank.settings import ScoringSettings, Settings
 
 logger = logging.getLogger(__name__)
 
@@ -32,20 +32,20 @@ class Dependencies:
     loader: Loader | None = None
 
 
-def configure_torch(settings: Settings) -> None:
+def configure_torch(scoring: ScoringSettings) -> None:
     """Torch thread pools from the settings (inter-op can only be set once per process)."""
     import torch
 
-    torch.set_num_threads(settings.torch_threads)
+    torch.set_num_threads(scoring.torch_threads)
     with contextlib.suppress(RuntimeError):
-        torch.set_num_interop_threads(settings.torch_interop_threads)
+        torch.set_num_interop_threads(scoring.torch_interop_threads)
 
 
 def scoring_redis(settings: Settings) -> aioredis.Redis:
     """The worker's Redis client. A request may wait for Redis up to its deadline (RankService
     bounds each wait), so the socket timeout must not cut it shorter than the default budget."""
     s = settings
-    return redis_client(s, timeout_s=max(s.redis_timeout_s, s.scoring_budget_ms / 1000))
+    return redis_client(s.redis, timeout_s=max(s.redis.timeout_s, s.scoring.budget_ms / 1000))
 
 
 def real_dependencies(
@@ -57,14 +57,14 @@ def real_dependencies(
     from scoring.model.registry import load_scorer_from_redis
     from streams.reader import FeatureReader
 
-    features = FeatureReader(redis=redis, settings=settings)
+    features = FeatureReader(redis=redis, features=settings.features)
     embeddings = CachedEmbeddings.from_settings(
-        store=EmbeddingStore(redis=redis), settings=settings, registry=metrics.registry
+        store=EmbeddingStore(redis=redis), embeddings=settings.embeddings, registry=metrics.registry
     )
 
     async def loader(version: str) -> Any:
         scorer, config = await load_scorer_from_redis(
-            redis, version, dense=settings.scoring_dense_weights
+            redis, version, dense=settings.scoring.dense_weights
         )
         metrics.model_encoding(version, str(config.get("encoding", "unknown")))
         return scorer
@@ -80,27 +80,29 @@ def rank_service(
     features, embeddings, loader = injected.features, injected.embeddings, injected.loader
     if features is None or embeddings is None or loader is None:
         features, embeddings, loader = real_dependencies(s, redis, metrics)
-    recent = RecentIds(s.cache_warm_top_k)
+    recent = RecentIds(s.embeddings.cache_warm_top_k)
     watcher = VersionWatcher(
         redis=redis,
         loader=loader,
         embeddings=embeddings,
         metrics=metrics,
-        static_split=s.canary_split,
+        static_split=s.scoring.canary_split,
         recent=recent,
-        warm_top_k=s.cache_warm_top_k,
-        poll_s=s.scoring_poll_s,
+        warm_top_k=s.embeddings.cache_warm_top_k,
+        poll_s=s.scoring.poll_s,
     )
     service = RankService(
         features=features,
         embeddings=embeddings,
         serving=lambda: watcher.current,
-        breaker=CircuitBreaker(failures=s.breaker_failures, cooldown_s=s.breaker_cooldown_s),
+        breaker=CircuitBreaker(
+            failures=s.scoring.breaker_failures, cooldown_s=s.scoring.breaker_cooldown_s
+        ),
         metrics=metrics,
-        sequence_length=s.sequence_length,
-        forward_mode=s.scoring_forward,
-        log_served=s.served_log_topic is not None,
+        sequence_length=s.features.sequence_length,
+        forward_mode=s.scoring.forward,
+        log_served=s.topics.served_log is not None,
         recent=recent,
-        margin=DeadlineMargin(cap_ms=s.scoring_budget_ms / 2),
+        margin=DeadlineMargin(cap_ms=s.scoring.budget_ms / 2),
     )
     return watcher, service

@@ -64,14 +64,14 @@ class ScoringWorker(GroupWorker):
             settings=settings,
             metrics=metrics,
             health=health if health is not None else Health(READY_CHECKS),
-            group=settings.scoring_group_id,
-            topics=[settings.topic_requests],
+            group=settings.scoring.group_id,
+            topics=[settings.topics.requests],
         )
         self._injected = Dependencies(features, embeddings, loader)
-        self._writer = ReplyWriter(metrics=metrics, served_log_topic=settings.served_log_topic)
+        self._writer = ReplyWriter(metrics=metrics, served_log_topic=settings.topics.served_log)
         self._triage = Triage(
             routing=Routing.from_settings(settings),
-            limits=Limits.from_settings(settings),
+            limits=Limits.from_settings(settings.limits),
             metrics=metrics,
             writer=self._writer,
         )
@@ -90,7 +90,7 @@ class ScoringWorker(GroupWorker):
     # --- the lifecycle's parts (streamrank.runtime.worker) ---------------------------------
 
     async def open(self) -> Any:
-        configure_torch(self.settings)
+        configure_torch(self.settings.scoring)
         redis = scoring_redis(self.settings)
         self.watcher, self.service = rank_service(
             self.settings, redis, self.metrics, self._injected
@@ -117,7 +117,7 @@ class ScoringWorker(GroupWorker):
             consumer=consumer,
             producer=producer,
             metrics=self.metrics,
-            commit_interval_s=s.scoring_commit_interval_ms / 1000,
+            commit_interval_s=s.scoring.commit_interval_ms / 1000,
         )
         return producer, consumer
 
@@ -127,10 +127,10 @@ class ScoringWorker(GroupWorker):
         logger.info(
             "%s %s as group %s (isolation_level %s, replies compressed with %s); serving %s",
             READY,
-            s.topic_requests,
+            s.topics.requests,
             self.group,
             self._consumer._isolation_level,
-            s.kafka_compression,
+            s.kafka.compression,
             self.watcher.describe(),
         )
 
@@ -144,7 +144,7 @@ class ScoringWorker(GroupWorker):
 
     async def _next_batch(self) -> list[ConsumerRecord[Any, Any]]:
         assert self._consumer is not None
-        return await next_batch(self._consumer, self.settings)
+        return await next_batch(self._consumer, self.settings.scoring)
 
     async def run(self) -> None:
         """Consume until :meth:`request_stop` (or cancellation).
@@ -160,7 +160,7 @@ class ScoringWorker(GroupWorker):
             while not self.stopping:
                 while inflight and inflight[0].done():
                     inflight.popleft().result()
-                if len(inflight) >= self.settings.scoring_pipeline_depth:
+                if len(inflight) >= self.settings.scoring.pipeline_depth:
                     await asyncio.wait({inflight[0]})
                     continue
                 rewinds = self.rewinds

@@ -16,49 +16,49 @@ from aiokafka.errors import KafkaError
 
 from streamrank.errors import KafkaUnavailable
 from streamrank.kafka import guard as kafka_guard
-from streamrank.settings import Settings
+from streamrank.settings import KafkaSettings
 
 logger = logging.getLogger(__name__)
 
 
-def producer_kwargs(settings: Settings) -> dict[str, Any]:
+def producer_kwargs(kafka: KafkaSettings) -> dict[str, Any]:
     """Keyword arguments of an ``AIOKafkaProducer`` of ours (connection + compression)."""
-    kwargs = settings.kafka_client_kwargs()
-    if settings.kafka_compression != "none":
-        kwargs["compression_type"] = settings.kafka_compression
+    kwargs = kafka.client_kwargs()
+    if kafka.compression != "none":
+        kwargs["compression_type"] = kafka.compression
     return kwargs
 
 
-def consumer_kwargs(settings: Settings) -> dict[str, Any]:
+def consumer_kwargs(kafka: KafkaSettings) -> dict[str, Any]:
     """Keyword arguments of an ``AIOKafkaConsumer`` of ours (connection + isolation level)."""
-    kwargs = settings.kafka_client_kwargs()
-    kwargs["isolation_level"] = settings.kafka_isolation_level
+    kwargs = kafka.client_kwargs()
+    kwargs["isolation_level"] = kafka.isolation_level
     return kwargs
 
 
-def group_kwargs(settings: Settings) -> dict[str, Any]:
+def group_kwargs(kafka: KafkaSettings) -> dict[str, Any]:
     """Consumer-group membership options of a worker's consumer (session, heartbeats, static
     membership)."""
     return {
-        "group_instance_id": settings.kafka_group_instance_id,
-        "session_timeout_ms": settings.kafka_session_timeout_ms,
-        "heartbeat_interval_ms": settings.kafka_heartbeat_interval_ms,
+        "group_instance_id": kafka.group_instance_id,
+        "session_timeout_ms": kafka.session_timeout_ms,
+        "heartbeat_interval_ms": kafka.heartbeat_interval_ms,
     }
 
 
-def producer(settings: Settings, **options: Any) -> AIOKafkaProducer:
+def producer(kafka: KafkaSettings, **options: Any) -> AIOKafkaProducer:
     """A producer of ours; ``options`` are aiokafka's (acks, linger_ms ...)."""
-    return AIOKafkaProducer(**{**producer_kwargs(settings), **options})
+    return AIOKafkaProducer(**{**producer_kwargs(kafka), **options})
 
 
-def consumer(settings: Settings, *topics: str, **options: Any) -> AIOKafkaConsumer:
+def consumer(kafka: KafkaSettings, *topics: str, **options: Any) -> AIOKafkaConsumer:
     """A consumer of ours, guarded against undecodable batches; ``options`` are aiokafka's."""
     kafka_guard.install()
-    return AIOKafkaConsumer(*topics, **{**consumer_kwargs(settings), **options})
+    return AIOKafkaConsumer(*topics, **{**consumer_kwargs(kafka), **options})
 
 
 async def start_with_retry(
-    settings: Settings,
+    kafka: KafkaSettings,
     starters: Sequence[Callable[[], Awaitable[Any]]],
     *,
     what: str,
@@ -67,9 +67,9 @@ async def start_with_retry(
     """Run each of ``starters`` (``client.start`` ...) in order, retrying the one that fails
     while the broker is unreachable: back-off from 0.5 s to ``max_delay_s``, one warning when
     it starts failing, one line when it answers, and :class:`KafkaUnavailable` once
-    ``settings.kafka_start_timeout_s`` has passed (an aiokafka client whose start failed can be
+    ``kafka.start_timeout_s`` has passed (an aiokafka client whose start failed can be
     started again)."""
-    limit_s = settings.kafka_start_timeout_s
+    limit_s = kafka.start_timeout_s
     began = time.monotonic()
     delay = 0.5
     failing = False
@@ -82,7 +82,7 @@ async def start_with_retry(
                 waited = time.monotonic() - began
                 if waited + delay > limit_s:
                     raise KafkaUnavailable(
-                        f"{what}: Kafka at {settings.kafka_bootstrap} did not answer within "
+                        f"{what}: Kafka at {kafka.bootstrap} did not answer within "
                         f"{limit_s:.0f}s ({exc}); is the broker up and "
                         "STREAMRANK_KAFKA_BOOTSTRAP right? (STREAMRANK_KAFKA_START_TIMEOUT_S "
                         "sets how long to wait)"
@@ -92,7 +92,7 @@ async def start_with_retry(
                         "%s: Kafka at %s is unreachable (%s); retrying with back-off for up to "
                         "%.0fs (STREAMRANK_KAFKA_START_TIMEOUT_S)",
                         what,
-                        settings.kafka_bootstrap,
+                        kafka.bootstrap,
                         exc,
                         limit_s,
                     )
@@ -103,16 +103,16 @@ async def start_with_retry(
         logger.info(
             "%s: Kafka at %s answered after %.1fs",
             what,
-            settings.kafka_bootstrap,
+            kafka.bootstrap,
             time.monotonic() - began,
         )
 
 
-async def wait_for_broker(settings: Settings, *, what: str) -> None:
+async def wait_for_broker(kafka: KafkaSettings, *, what: str) -> None:
     """Until the cluster answers a bootstrap (metadata) request, as :func:`start_with_retry`."""
-    client = AIOKafkaClient(**settings.kafka_client_kwargs())
+    client = AIOKafkaClient(**kafka.client_kwargs())
     try:
-        await start_with_retry(settings, [client.bootstrap], what=what)
+        await start_with_retry(kafka, [client.bootstrap], what=what)
     finally:
         await client.close()
 

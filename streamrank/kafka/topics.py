@@ -8,7 +8,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 
 from streamrank.errors import KafkaUnavailable, StreamrankError
-from streamrank.settings import Settings
+from streamrank.settings import KafkaSettings, Settings
 
 logger = logging.getLogger(__name__)
 
@@ -23,20 +23,20 @@ async def create_topics(
     An existing topic keeps its partition count (a warning says so when it differs from the
     requested one: partitions can only grow, and growing them re-maps keys).
     """
-    partitions = partitions or settings.topic_partitions
-    names = topics or settings.all_topics()
-    admin = AIOKafkaAdminClient(**settings.kafka_client_kwargs(), request_timeout_ms=10_000)
+    partitions = partitions or settings.topics.partitions
+    names = topics or settings.topics.names()
+    admin = AIOKafkaAdminClient(**settings.kafka.client_kwargs(), request_timeout_ms=10_000)
     try:
         await admin.start()
     except KafkaConnectionError as exc:
         raise KafkaUnavailable(
-            f"cannot reach Kafka at {settings.kafka_bootstrap}: {exc}; is the stack up "
+            f"cannot reach Kafka at {settings.kafka.bootstrap}: {exc}; is the stack up "
             "(`streamrank stack up`) or STREAMRANK_KAFKA_BOOTSTRAP right?"
         ) from exc
     try:
         existing = set(await admin.list_topics())
         wanted = [
-            NewTopic(name, partitions, settings.topic_replication)
+            NewTopic(name, partitions, settings.topics.replication)
             for name in names
             if name not in existing
         ]
@@ -70,9 +70,9 @@ async def create_topics(
         await admin.close()
 
 
-async def partition_count(settings: Settings, topic: str) -> int:
+async def partition_count(kafka: KafkaSettings, topic: str) -> int:
     """Number of partitions of one topic (0 when it does not exist)."""
-    admin = AIOKafkaAdminClient(**settings.kafka_client_kwargs())
+    admin = AIOKafkaAdminClient(**kafka.client_kwargs())
     await admin.start()
     try:
         described = await admin.describe_topics([topic])

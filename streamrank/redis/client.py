@@ -21,7 +21,7 @@ from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from streamrank.redis.packing import use_hiredis_packer
-from streamrank.settings import Settings
+from streamrank.settings import RedisSettings
 
 CLUSTER_RETRIES = 1
 
@@ -35,26 +35,26 @@ def reconnect_once() -> Retry:
     return Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
 
 
-def redis_client(settings: Settings, *, timeout_s: float | None = None, **options: Any) -> Any:
-    """An asyncio client on the settings' Redis (bytes replies): a ``RedisCluster`` when
-    ``settings.redis_is_cluster``, else a plain ``Redis``. ``timeout_s`` overrides the socket
+def redis_client(redis: RedisSettings, *, timeout_s: float | None = None, **options: Any) -> Any:
+    """An asyncio client on the configured Redis (bytes replies): a ``RedisCluster`` when
+    ``redis.is_cluster``, else a plain ``Redis``. ``timeout_s`` overrides the socket
     timeout of its calls (long batch writes, benchmarks); ``options`` are redis-py's."""
-    kwargs = settings.redis_client_kwargs()
+    kwargs = redis.client_kwargs()
     if timeout_s is not None:
         kwargs["socket_timeout"] = timeout_s
     kwargs.update(options)
-    if settings.redis_is_cluster:
-        return cluster_client(settings.redis_dsn, settings.redis_cluster_nodes, **kwargs)
-    if settings.redis_sentinels:
-        password = settings.redis_sentinel_password
+    if redis.is_cluster:
+        return cluster_client(redis.dsn, redis.cluster_nodes, **kwargs)
+    if redis.sentinels:
+        password = redis.sentinel_password
         return sentinel_client(
-            settings.redis_dsn,
-            settings.redis_sentinels,
-            settings.redis_sentinel_master,
+            redis.dsn,
+            redis.sentinels,
+            redis.sentinel_master,
             sentinel_password=password.get_secret_value() if password else None,
             **kwargs,
         )
-    return _plain_client(settings.redis_dsn, **kwargs)
+    return _plain_client(redis.dsn, **kwargs)
 
 
 def sentinel_client(
@@ -87,11 +87,11 @@ def sentinel_client(
     return manager.master_for(master)
 
 
-def url_of(settings: Settings) -> str:
-    """The settings' Redis as one URL (``redis+cluster://`` for a cluster): what
+def url_of(redis: RedisSettings) -> str:
+    """The configured Redis as one URL (``redis+cluster://`` for a cluster): what
     :func:`client_for_url` and a child process's ``STREAMRANK_REDIS_URL`` take."""
-    url = settings.redis_dsn
-    if settings.redis_is_cluster:
+    url = redis.dsn
+    if redis.is_cluster:
         scheme, _sep, rest = url.partition("://")
         return f"{scheme}+cluster://{rest}"
     return url

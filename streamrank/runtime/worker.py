@@ -56,7 +56,7 @@ class GroupWorker(abc.ABC):
         self.health = health
         self.group = group
         self.topics = list(topics)
-        self.client_id = groups.client_id(self.kind, settings.kafka_group_instance_id)
+        self.client_id = groups.client_id(self.kind, settings.kafka.group_instance_id)
         self.membership = Membership(
             kind=self.kind, group=group, member=self.client_id, topics=self.topics,
             health_=health, metrics=metrics,
@@ -129,7 +129,7 @@ class GroupWorker(abc.ABC):
         self.membership.joining()
         try:
             starters = self.kafka_starters(producer, consumer)
-            await kafka.start_with_retry(self.settings, starters, what=f"{self.kind} worker")
+            await kafka.start_with_retry(self.settings.kafka, starters, what=f"{self.kind} worker")
         except BaseException:  # not reachable in time, or stopped while waiting
             self._consumer = consumer
             await self.stop()
@@ -168,7 +168,7 @@ def serve(worker: GroupWorker, *, metrics_port: int | None) -> None:
     """Run ``worker`` in this process until it is stopped by a signal: ``/metrics``,
     ``/healthz`` and ``/readyz`` on ``metrics_port`` (else ``metrics_port`` of the settings,
     else the kind's default; 0 disables them)."""
-    port = resolve_port(metrics_port, worker.settings.metrics_port, worker.kind)
+    port = resolve_port(metrics_port, worker.settings.observability.metrics_port, worker.kind)
 
     def on_signal(task: asyncio.Task[Any]) -> None:
         # Consuming: finish the work in flight, commit, leave the group (nothing is processed

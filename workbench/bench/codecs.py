@@ -74,7 +74,7 @@ def batch_bytes(messages: list[bytes], codec: str, batch: int) -> int:
 async def _produce(
     settings: Settings, topic: str, messages: list[bytes], batch: int
 ) -> dict[str, float]:
-    producer = kafka.producer(settings, acks="all", linger_ms=1)
+    producer = kafka.producer(settings.kafka, acks="all", linger_ms=1)
     await producer.start()
     try:
         cpu, wall = time.process_time(), time.perf_counter()
@@ -92,7 +92,7 @@ async def _produce(
 
 async def _consume(settings: Settings, topic: str, want: int) -> float:
     consumer = kafka.consumer(
-        settings, topic, auto_offset_reset="earliest", enable_auto_commit=False
+        settings.kafka, topic, auto_offset_reset="earliest", enable_auto_commit=False
     )
     await consumer.start()
     try:
@@ -115,7 +115,7 @@ async def _bench(settings: Settings, args: argparse.Namespace) -> dict[str, Any]
         for codec in CODECS:
             topic = f"bench-codecs-{run_id}-{codec}-{round_}"
             await create_topics(settings, partitions=1, topics=(topic,))
-            codec_settings = settings.model_copy(update={"kafka_compression": codec})
+            codec_settings = settings.with_env(STREAMRANK_KAFKA_COMPRESSION=codec)
             produced = await _produce(codec_settings, topic, messages, args.batch)
             consumer_cpu = await _consume(codec_settings, topic, len(messages))
             row = rows[codec]

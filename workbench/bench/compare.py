@@ -61,11 +61,9 @@ def compare_cluster(
         stack.up(timeout_s=120)
         try:
             with private_redis(work / "single", persist="none") as single:
-                on_cluster = stack.settings_for(settings).model_copy(
-                    update={"run_dir": work / "run"}
-                )
-                on_single = on_cluster.model_copy(
-                    update={"redis_url": SecretStr(single.url), "redis_cluster_nodes": ()}
+                on_cluster = stack.settings_for(settings).with_env(STREAMRANK_RUN_DIR=work / "run")
+                on_single = on_cluster.with_env(
+                    STREAMRANK_REDIS_URL=SecretStr(single.url), STREAMRANK_REDIS_CLUSTER_NODES=()
                 )
                 results: dict[str, list[dict[str, Any]]] = {"standalone": [], "cluster": []}
                 for n in range(runs):

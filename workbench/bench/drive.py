@@ -115,7 +115,7 @@ class LoadDriver:
         record = {"event_id": f"{self.tag}-c{n}", "user_id": user, "item_id": item,
                   "ts": clock.now_ms(), "attempts": 0}  # fmt: skip
         value = orjson.dumps({k: record[k] for k in ("event_id", "user_id", "item_id", "ts")})
-        return self.settings.topic_clicks, user.encode(), value, record
+        return self.settings.topics.clicks, user.encode(), value, record
 
     def _request(self, n: int) -> tuple[str, bytes, bytes, dict[str, Any]]:
         user = self._users[int(self._rng.integers(len(self._users)))]
@@ -128,7 +128,7 @@ class LoadDriver:
             body["deadline_ms"] = clock.now_ms() + self.args.deadline_ms
         record = {"request_id": request_id, "user_id": user, "sent_ms": clock.now_ms(),
                   "attempts": 0}  # fmt: skip
-        return self.settings.topic_requests, user.encode(), orjson.dumps(body), record
+        return self.settings.topics.requests, user.encode(), orjson.dumps(body), record
 
     # --- sending ------------------------------------------------------------------------------
 
@@ -155,7 +155,7 @@ class LoadDriver:
             if f.cancelled() or f.exception() is not None:
                 self._failed(message, f.exception() if not f.cancelled() else None)
                 return
-            (self.out.clicks if topic == self.settings.topic_clicks else self.out.requests).append(
+            (self.out.clicks if topic == self.settings.topics.clicks else self.out.requests).append(
                 record
             )
             self.out.outstanding -= 1
@@ -222,18 +222,20 @@ class LoadDriver:
     async def run(self) -> dict[str, Any]:
         s, args = self.settings, self.args
         args.records.mkdir(parents=True, exist_ok=True)
-        self._producer = kafka.producer(s, acks="all", linger_ms=2)
+        self._producer = kafka.producer(s.kafka, acks="all", linger_ms=2)
         consumer = kafka.consumer(
-            s, enable_auto_commit=False, fetch_max_wait_ms=s.scoring_fetch_wait_ms
+            s.kafka, enable_auto_commit=False, fetch_max_wait_ms=s.scoring.fetch_wait_ms
         )
-        await kafka.start_with_retry(s, [self._producer.start, consumer.start], what="load driver")
+        await kafka.start_with_retry(
+            s.kafka, [self._producer.start, consumer.start], what="load driver"
+        )
         tasks: list[asyncio.Task[Any]] = []
         try:
             await consumer._client.force_metadata_update()
-            parts = consumer.partitions_for_topic(s.topic_results) or set()
+            parts = consumer.partitions_for_topic(s.topics.results) or set()
             if not parts:
-                raise SystemExit(f"the results topic {s.topic_results!r} does not exist")
-            tps = [TopicPartition(s.topic_results, p) for p in sorted(parts)]
+                raise SystemExit(f"the results topic {s.topics.results!r} does not exist")
+            tps = [TopicPartition(s.topics.results, p) for p in sorted(parts)]
             consumer.assign(tps)
             await consumer.seek_to_end(*tps)
             for tp in tps:

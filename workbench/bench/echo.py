@@ -62,15 +62,15 @@ class EchoWorker:
 
     def __init__(self, *, settings: Settings) -> None:
         self.settings = settings
-        self._limits = Limits.from_settings(settings)
+        self._limits = Limits.from_settings(settings.limits)
         self._producer: AIOKafkaProducer = reply_producer(settings)
         self._consumer: AIOKafkaConsumer = request_consumer(
-            settings, group_id=settings.scoring_group_id, client_id="streamrank-bench-echo"
+            settings, group_id=settings.scoring.group_id, client_id="streamrank-bench-echo"
         )
-        self._offsets = OffsetBook(commit_interval_s=settings.scoring_commit_interval_ms / 1000)
+        self._offsets = OffsetBook(commit_interval_s=settings.scoring.commit_interval_ms / 1000)
 
     async def __aenter__(self) -> EchoWorker:
-        self._consumer.subscribe([self.settings.topic_requests])
+        self._consumer.subscribe([self.settings.topics.requests])
         await self._producer.start()
         await self._consumer.start()
         return self
@@ -82,7 +82,7 @@ class EchoWorker:
     async def _answer(
         self, records: list[ConsumerRecord[Any, Any]], after: asyncio.Task[None] | None
     ) -> None:
-        topic = self.settings.topic_results
+        topic = self.settings.topics.results
         futures = [
             await self._producer.send(topic, r.to_json(), key=r.request_id.encode())
             for r in echo_replies(records, self._limits)
@@ -99,10 +99,10 @@ class EchoWorker:
         while True:
             while inflight and inflight[0].done():
                 inflight.popleft().result()
-            if len(inflight) >= self.settings.scoring_pipeline_depth:
+            if len(inflight) >= self.settings.scoring.pipeline_depth:
                 await asyncio.wait({inflight[0]})
                 continue
-            records = await next_batch(self._consumer, self.settings)
+            records = await next_batch(self._consumer, self.settings.scoring)
             if records:
                 previous = inflight[-1] if inflight else None
                 inflight.append(asyncio.create_task(self._answer(records, previous)))

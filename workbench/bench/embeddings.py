@@ -75,8 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 @contextlib.contextmanager
 def bench_redis(settings: Settings, *, private: bool) -> Iterator[tuple[str, bool]]:
     """``(url, started_here)``: the settings' Redis if it answers, else a private one."""
-    if not private and redis_answers(settings.redis_dsn):
-        yield url_of(settings), False
+    if not private and redis_answers(settings.redis.dsn):
+        yield url_of(settings.redis), False
         return
     with (
         tempfile.TemporaryDirectory(prefix="sr-bench-emb-") as run_dir,

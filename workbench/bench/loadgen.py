@@ -99,11 +99,11 @@ class Driver:
         self._settings = settings
         self._requests_topic = requests_topic
         self._results_topic = results_topic
-        self._producer = kafka.producer(settings, acks=1, linger_ms=0)
+        self._producer = kafka.producer(settings.kafka, acks=1, linger_ms=0)
         self._consumer = kafka.consumer(
-            settings,
+            settings.kafka,
             enable_auto_commit=False,
-            fetch_max_wait_ms=settings.scoring_fetch_wait_ms,
+            fetch_max_wait_ms=settings.scoring.fetch_wait_ms,
         )
         self._reader: asyncio.Task[None] | None = None
         self.stats = RunStats()

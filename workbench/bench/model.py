@@ -113,8 +113,12 @@ def _test_auc(artifact: Artifact) -> dict[str, Any]:
 
 def compare_dense(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     """fp32 against int8 dense weights: forward time (same requests, alternating runs) and AUC."""
-    torch.set_num_threads(settings.torch_threads)
-    ref = args.artifact if args.artifact is not None else newest_artifact(settings.artifacts_dir)
+    torch.set_num_threads(settings.scoring.torch_threads)
+    ref = (
+        args.artifact
+        if args.artifact is not None
+        else newest_artifact(settings.tools.artifacts_dir)
+    )
     artifact = load_artifact(ref)
     fp32, int8 = artifact.scorer(dense="fp32"), artifact.scorer(dense="int8")
     c, length = args.candidates, args.history
@@ -122,7 +126,7 @@ def compare_dense(args: argparse.Namespace, settings: Settings) -> dict[str, Any
         "artifact": artifact.version,
         "candidates": c,
         "history": length,
-        "torch_threads": settings.torch_threads,
+        "torch_threads": settings.scoring.torch_threads,
         "repeats": args.repeats,
         "results": [],
     }
@@ -159,7 +163,7 @@ def compare_dense(args: argparse.Namespace, settings: Settings) -> dict[str, Any
 def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     if args.compare_dense:
         return compare_dense(args, settings)
-    torch.set_num_threads(settings.torch_threads)
+    torch.set_num_threads(settings.scoring.torch_threads)
     if args.artifact is not None:
         scorer = load_artifact(args.artifact).scorer()
     else:
@@ -172,7 +176,7 @@ def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
         "history": length,
         "item_dim": d,
         "attention_hidden": list(scorer.spec.attention_hidden),
-        "torch_threads": settings.torch_threads,
+        "torch_threads": settings.scoring.torch_threads,
         "repeats": args.repeats,
         "results": [],
     }

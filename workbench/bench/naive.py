@@ -29,13 +29,13 @@ from streams.reader import FeatureReader
 
 
 async def serve(settings: Settings, *, table_version: str, model_version: str) -> None:
-    configure_torch(settings)
-    redis = redis_client(settings)
+    configure_torch(settings.scoring)
+    redis = redis_client(settings.redis)
     store = EmbeddingStore(redis=redis)
     meta = await store.table_meta(table_version, keys.ITEM_TABLE)
     scorer, _config = await load_scorer_from_redis(redis, model_version)
     net = scorer.net
-    reader = FeatureReader(redis=redis, settings=settings)
+    reader = FeatureReader(redis=redis, features=settings.features)
     oov = np.asarray(meta.oov_row, dtype=np.float32)
 
     async def row(item_id: str) -> np.ndarray:
@@ -46,11 +46,11 @@ async def serve(settings: Settings, *, table_version: str, model_version: str) -
         blob = raw if isinstance(raw, bytes) else raw.encode("latin-1")
         return decode_blobs([blob], "fp32", meta.dim)[0]
 
-    producer = AIOKafkaProducer(**settings.kafka_client_kwargs(), acks="all")
+    producer = AIOKafkaProducer(**settings.kafka.client_kwargs(), acks="all")
     consumer = AIOKafkaConsumer(
-        settings.topic_requests,
-        **settings.kafka_client_kwargs(),
-        group_id=settings.scoring_group_id,
+        settings.topics.requests,
+        **settings.kafka.client_kwargs(),
+        group_id=settings.scoring.group_id,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
     )
@@ -61,7 +61,7 @@ async def serve(settings: Settings, *, table_version: str, model_version: str) -
             record = await consumer.getone()
             request = decode_request(record.value)
             sequences = await reader.get_sequences([request.user_id])
-            events = sequences.get(request.user_id, [])[-settings.sequence_length :]
+            events = sequences.get(request.user_id, [])[-settings.features.sequence_length :]
             hist_rows = [await row(e.item_id) for e in events]
             cand_rows = [await row(i) for i in request.items]
             c, length = len(cand_rows), max(1, len(hist_rows))
@@ -82,7 +82,7 @@ async def serve(settings: Settings, *, table_version: str, model_version: str) -
                 served_at=clock.now_ms(),
             )
             await producer.send_and_wait(
-                settings.topic_results, result.to_json(), key=request.request_id.encode()
+                settings.topics.results, result.to_json(), key=request.request_id.encode()
             )
             tp = TopicPartition(record.topic, record.partition)
             await consumer.commit({tp: record.offset + 1})

@@ -102,7 +102,7 @@ async def settled(settings: Settings, group: str, topic: str, *, members: int, p
                   ) -> dict[str, list[int]]:  # fmt: skip
     """Until ``members`` registered members own all ``partitions`` once each, every member at
     least one (a member that just joined is registered with none until it is assigned)."""
-    redis = redis_client(settings)
+    redis = redis_client(settings.redis)
     deadline = time.monotonic() + timeout_s
     last: dict[str, list[int]] = {}
     try:
@@ -169,7 +169,7 @@ class ScoringWorkers:
     def start(self, name: str) -> None:
         s = self._settings
         extra = (
-            {"STREAMRANK_KAFKA_GROUP_INSTANCE_ID": f"{s.scoring_group_id}-{name}"}
+            {"STREAMRANK_KAFKA_GROUP_INSTANCE_ID": f"{s.scoring.group_id}-{name}"}
             if self._static
             else {}
         )
@@ -194,13 +194,13 @@ async def scoring_scenario(
     base: Settings, args: argparse.Namespace, *, version: str, static: bool, logs: Path
 ) -> dict[str, Any]:
     tag = f"{'static' if static else 'dynamic'}-{uuid.uuid4().hex[:6]}"
-    s = base.model_copy(update={
-        "scoring_group_id": f"rebalance-{tag}", "topic_requests": f"rb-requests-{tag}",
-        "topic_results": f"rb-results-{tag}", "canary_split": f"{version}:1",
-        "kafka_session_timeout_ms": args.session_timeout_ms, "kafka_heartbeat_interval_ms": 1000,
-        "scoring_budget_ms": 60_000, "metrics_port": 0,
-    })  # fmt: skip
-    await create_topics(s, partitions=args.partitions, topics=(s.topic_requests, s.topic_results))
+    s = base.with_env(
+        STREAMRANK_SCORING_GROUP_ID=f"rebalance-{tag}", STREAMRANK_TOPIC_REQUESTS=f"rb-requests-{tag}",
+        STREAMRANK_TOPIC_RESULTS=f"rb-results-{tag}", STREAMRANK_CANARY_SPLIT=f"{version}:1",
+        STREAMRANK_KAFKA_SESSION_TIMEOUT_MS=args.session_timeout_ms, STREAMRANK_KAFKA_HEARTBEAT_INTERVAL_MS=1000,
+        STREAMRANK_SCORING_BUDGET_MS=60_000, STREAMRANK_METRICS_PORT=0,
+    )  # fmt: skip
+    await create_topics(s, partitions=args.partitions, topics=(s.topics.requests, s.topics.results))
     workers = ScoringWorkers(s, tag=tag, static=static, logs=logs)
     layouts: dict[str, dict[str, list[int]]] = {}
     total = int(args.rate * args.phase_s * 6 + args.rate * 60)
@@ -211,7 +211,7 @@ async def scoring_scenario(
         workers.start("w1")
         layouts["1 worker"] = await settled_scoring(s, args, workers, members=1)
         async with Driver(
-            settings=s, requests_topic=s.topic_requests, results_topic=s.topic_results
+            settings=s, requests_topic=s.topics.requests, results_topic=s.topics.results
         ) as driver:
             async with Load(driver, requests, args.rate).running():
                 await asyncio.sleep(args.phase_s)
@@ -241,8 +241,8 @@ async def settled_scoring(
 ) -> dict[str, list[int]]:
     return await settled(
         s,
-        s.scoring_group_id,
-        s.topic_requests,
+        s.scoring.group_id,
+        s.topics.requests,
         members=members,
         partitions=args.partitions,
         workers=workers.handles,
@@ -281,18 +281,18 @@ async def features_scenario(
     from streams.reader import FeatureReader
 
     tag = uuid.uuid4().hex[:6]
-    s = base.model_copy(update={
-        "features_app_id": f"rebalance-features-{tag}", "topic_clicks": f"rb-clicks-{tag}",
-        "topic_dead_letters": f"rb-dead-{tag}", "sequence_length": 100_000, "metrics_port": 0,
-        "kafka_session_timeout_ms": args.session_timeout_ms,
-    })  # fmt: skip
+    s = base.with_env(
+        STREAMRANK_FEATURES_APP_ID=f"rebalance-features-{tag}", STREAMRANK_TOPIC_CLICKS=f"rb-clicks-{tag}",
+        STREAMRANK_TOPIC_DEAD_LETTERS=f"rb-dead-{tag}", STREAMRANK_SEQUENCE_LENGTH=100_000, STREAMRANK_METRICS_PORT=0,
+        STREAMRANK_KAFKA_SESSION_TIMEOUT_MS=args.session_timeout_ms,
+    )  # fmt: skip
     await create_topics(
-        s, partitions=args.partitions, topics=(s.topic_clicks, s.topic_dead_letters)
+        s, partitions=args.partitions, topics=(s.topics.clicks, s.topics.dead_letters)
     )
     users = [f"rb-{tag}-u{i}" for i in range(100)]
     handles: dict[str, WorkerProcess] = {}
     sent = 0
-    producer = kafka.producer(s, acks="all", linger_ms=5)
+    producer = kafka.producer(s.kafka, acks="all", linger_ms=5)
     await producer.start()
 
     async def produce_for(seconds: float) -> None:
@@ -304,7 +304,7 @@ async def features_scenario(
                 user = users[sent % len(users)]
                 event = ClickEvent(f"{tag}-{sent}", user, f"i{sent % 50}", clock.now_ms())
                 body = event.to_json()
-                await producer.send(s.topic_clicks, body, key=user.encode())
+                await producer.send(s.topics.clicks, body, key=user.encode())
                 sent += 1
             await asyncio.sleep(0.02)
 
@@ -325,15 +325,15 @@ async def features_scenario(
             await producer.flush()
             layout = await settled(
                 s,
-                s.features_app_id,
-                s.topic_clicks,
+                s.features.app_id,
+                s.topics.clicks,
                 members=2,
                 partitions=args.partitions,
                 workers=handles,
             )
-            redis = redis_client(s)
+            redis = redis_client(s.redis)
             try:
-                reader = FeatureReader(redis=redis, settings=s)
+                reader = FeatureReader(redis=redis, features=s.features)
                 deadline = time.monotonic() + 120
                 while True:
                     pipe = redis.pipeline(transaction=False)
@@ -369,7 +369,7 @@ def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
 async def _run(
     args: argparse.Namespace, s: Settings, kind: str, modes: list[str], work: Path
 ) -> dict[str, Any]:
-    redis = redis_client(s)
+    redis = redis_client(s.redis)
     version = f"bench-rb-{uuid.uuid4().hex[:6]}"
     try:
         await publish_synthetic(redis, n_items=args.items, seed=7, version=version, workdir=work)

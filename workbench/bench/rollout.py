@@ -113,21 +113,19 @@ def workers_settings(settings: Settings, *, run: str, bucket_s: int) -> Settings
     """Private topics and groups; pointers followed quickly; statistics in fine buckets."""
     from workbench.devstack.cases import private_run
 
-    return settings.model_copy(
-        update={
-            **private_run(run),
-            "served_log_topic": f"{run}-served",
-            "outcomes_topic": f"{run}-outcomes",
-            "outcomes_group_id": f"{run}-outcomes",
-            "scoring_poll_s": 0.2,
-            "canary_split": None,
-            "outcome_bucket_s": bucket_s,
-            "outcome_window_s": 120,
-            "outcome_close_delay_s": 5,
-            # the bench reads Redis itself; the gauges' export over 1 s buckets (3,600 hashes per
-            # version for the 1 h window) would load Redis and the CPU it measures on
-            "outcomes_export_interval_s": 0,
-        }
+    return settings.with_env(
+        **private_run(run),
+        STREAMRANK_SERVED_LOG_TOPIC=f"{run}-served",
+        STREAMRANK_OUTCOMES_TOPIC=f"{run}-outcomes",
+        STREAMRANK_OUTCOMES_GROUP_ID=f"{run}-outcomes",
+        STREAMRANK_SCORING_POLL_S=0.2,
+        STREAMRANK_CANARY_SPLIT=None,
+        STREAMRANK_OUTCOME_BUCKET_S=bucket_s,
+        STREAMRANK_OUTCOME_WINDOW_S=120,
+        STREAMRANK_OUTCOME_CLOSE_DELAY_S=5,
+        # the bench reads Redis itself; the gauges' export over 1 s buckets (3,600 hashes per
+        # version for the 1 h window) would load Redis and the CPU it measures on
+        STREAMRANK_OUTCOMES_EXPORT_INTERVAL_S=0,
     )
 
 
@@ -232,7 +230,7 @@ def load_versions(settings: Settings, args: argparse.Namespace, work: Path) -> V
     from workbench.devstack.cases import newest_artifact
 
     good = load_artifact(
-        Path(args.artifact) if args.artifact else newest_artifact(settings.artifacts_dir)
+        Path(args.artifact) if args.artifact else newest_artifact(settings.tools.artifacts_dir)
     )
     bad = load_artifact(shuffled_version(good, work / "artifacts"))
     equal = load_artifact(
@@ -256,8 +254,8 @@ async def _bench(settings: Settings, args: argparse.Namespace, work: Path) -> di
     cases = load_cases(good.path / CANDIDATES_FILE, limit=args.users)
     run = f"rollout-{uuid.uuid4().hex[:6]}"
     rs = workers_settings(settings, run=run, bucket_s=args.bucket)
-    history_len = int(good.config.get("train", {}).get("history_len", rs.sequence_length))
-    rs = rs.model_copy(update={"sequence_length": history_len})
+    history_len = int(good.config.get("train", {}).get("history_len", rs.features.sequence_length))
+    rs = rs.with_env(STREAMRANK_SEQUENCE_LENGTH=history_len)
     labels = np.array([c.labels for c in cases])
     scores = {
         a.version: offline_scores(a, cases, encoding="int8", max_history=history_len)
@@ -265,7 +263,7 @@ async def _bench(settings: Settings, args: argparse.Namespace, work: Path) -> di
     }
     offline = {v: quality(labels, x) for v, x in scores.items()}
     say(f"{len(cases)} test users per round; offline AUC {offline}")
-    redis = redis_client(rs, timeout_s=10.0)
+    redis = redis_client(rs.redis, timeout_s=10.0)
     workers: list[WorkerProcess] = []
     before = await redis.mget([keys.active_model(), keys.model_split()])
     try:
@@ -421,8 +419,8 @@ def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     from workbench.devstack.services import free_port
     from workbench.devstack.stack import EmbeddedStack
 
-    work = Path(tempfile.mkdtemp(prefix="bench-rollout-", dir=Path(settings.run_dir).resolve()
-                                 if Path(settings.run_dir).exists() else None))  # fmt: skip
+    work = Path(tempfile.mkdtemp(prefix="bench-rollout-", dir=Path(settings.tools.run_dir).resolve()
+                                 if Path(settings.tools.run_dir).exists() else None))  # fmt: skip
     if args.use_stack:
         report = asyncio.run(_bench(settings, args, work))
         report["stack"] = "configured"
@@ -435,12 +433,10 @@ def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     try:
         from pydantic import SecretStr
 
-        private = settings.model_copy(
-            update={
-                "kafka_bootstrap": stack.bootstrap,
-                "redis_url": SecretStr(stack.redis_url),
-                "run_dir": work,
-            }
+        private = settings.with_env(
+            STREAMRANK_KAFKA_BOOTSTRAP=stack.bootstrap,
+            STREAMRANK_REDIS_URL=SecretStr(stack.redis_url),
+            STREAMRANK_RUN_DIR=work,
         )
         report = asyncio.run(_bench(private, args, work))
         report["stack"] = "private embedded"

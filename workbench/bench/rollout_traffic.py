@@ -35,7 +35,7 @@ class Traffic:
         from scoring.client import RankClient
         from streamrank.kafka import clients as kafka
 
-        self._producer = kafka.producer(self.settings, acks="all", linger_ms=5)
+        self._producer = kafka.producer(self.settings.kafka, acks="all", linger_ms=5)
         await self._producer.start()
         self._client = RankClient(settings=self.settings, default_timeout_s=120.0)
         await self._client.start()
@@ -51,7 +51,7 @@ class Traffic:
         for start in range(0, len(events), 2000):
             futures = [
                 await self._producer.send(
-                    self.settings.topic_clicks, e.to_json(), key=e.user_id.encode()
+                    self.settings.topics.clicks, e.to_json(), key=e.user_id.encode()
                 )
                 for e in events[start : start + 2000]
             ]
@@ -73,7 +73,7 @@ class Traffic:
         await self._send(click_events(chunk, run=prefix))
         await wait_applied(
             self.redis, self.settings,
-            expected_sequences(chunk, run=prefix, length=self.settings.sequence_length),
+            expected_sequences(chunk, run=prefix, length=self.settings.features.sequence_length),
             timeout_s=300, progress=False, log_path=None,
         )  # fmt: skip
         gate = asyncio.Semaphore(self.concurrency)
@@ -97,7 +97,7 @@ class Traffic:
                     ts=clock.now_ms(),
                 )
                 await self._producer.send(
-                    self.settings.topic_clicks, click.to_json(), key=user.encode()
+                    self.settings.topics.clicks, click.to_json(), key=user.encode()
                 )
 
         await asyncio.gather(*(one(n, c) for n, c in enumerate(chunk)))

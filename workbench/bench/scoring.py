@@ -197,13 +197,11 @@ class Stored:
 
 def run_settings(base: Settings, tag: str, history: int) -> Settings:
     """The run's own topics (each phase adds a suffix) and sequence length."""
-    return base.model_copy(
-        update={
-            "topic_requests": f"bench-rank-requests-{tag}",
-            "topic_results": f"bench-rank-results-{tag}",
-            "topic_dead_letters": f"bench-dead-letters-{tag}",
-            "sequence_length": history,
-        }
+    return base.with_env(
+        STREAMRANK_TOPIC_REQUESTS=f"bench-rank-requests-{tag}",
+        STREAMRANK_TOPIC_RESULTS=f"bench-rank-results-{tag}",
+        STREAMRANK_TOPIC_DEAD_LETTERS=f"bench-dead-letters-{tag}",
+        STREAMRANK_SEQUENCE_LENGTH=history,
     )
 
 
@@ -282,9 +280,9 @@ async def _run(args: argparse.Namespace, base: Settings, stack_kind: str) -> dic
     version = f"bench-din-{tag}"
     settings = run_settings(base, tag, args.history)
     naive_settings = phase_settings(settings, "naive")
-    await create_topics(settings, topics=(settings.topic_dead_letters,
+    await create_topics(settings, topics=(settings.topics.dead_letters,
                                           *phase_topics(naive_settings)))  # fmt: skip
-    redis = redis_client(settings, timeout_s=30)
+    redis = redis_client(settings.redis, timeout_s=30)
     timings: dict[str, float] = {}
     rates = [float(r) for r in args.rates.split(",") if r.strip()]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -299,9 +297,9 @@ async def _run(args: argparse.Namespace, base: Settings, stack_kind: str) -> dic
                                         Path(workdir), timings)  # fmt: skip
             result = await measure(args, settings, naive_settings, version, requests, modes,
                                    rates)  # fmt: skip
-            configure_torch(settings)  # the same thread settings as the worker
+            configure_torch(settings.scoring)  # the same thread settings as the worker
             fwd = forward_only(stored.scorer, stored.table, requests[:512], histories,
-                               batch=settings.scoring_batch_max)  # fmt: skip
+                               batch=settings.scoring.batch_max)  # fmt: skip
             result["forward_only_rps"] = max(fwd.values())
             result["forward_only_rps_by_mode"] = fwd
             result["redis_bytes_per_embedding_row"] = round(stored.bytes_per_row, 1)
@@ -344,12 +342,12 @@ def run_config(args: argparse.Namespace, settings: Settings, stack_kind: str) ->
     return {
         "items": args.items, "candidates": args.candidates, "history": args.history,
         "users": args.users, "zipf": args.zipf, "saturation_requests": args.saturation_requests,
-        "rate_seconds": args.rate_seconds, "batch_max": settings.scoring_batch_max,
-        "batch_wait_ms": settings.scoring_batch_wait_ms, "torch_threads": settings.torch_threads,
+        "rate_seconds": args.rate_seconds, "batch_max": settings.scoring.batch_max,
+        "batch_wait_ms": settings.scoring.batch_wait_ms, "torch_threads": settings.scoring.torch_threads,
         "workers": args.workers,
-        "pipeline_depth": settings.scoring_pipeline_depth,
+        "pipeline_depth": settings.scoring.pipeline_depth,
         "cpus": os.cpu_count(), "stack": stack_kind, "encoding": "int8",
-        "redis": settings.redis_mode,
+        "redis": settings.redis.mode,
     }  # fmt: skip
 
 

@@ -102,22 +102,20 @@ def phase_settings(settings: Settings, phase: str) -> Settings:
     earliest offset and must not answer the previous phases' requests again, and a phase's
     replies are read from a topic the earlier phases did not fill (the embedded broker's fetches
     slow down as a partition grows)."""
-    return settings.model_copy(
-        update={
-            "topic_requests": f"{settings.topic_requests}-{phase}",
-            "topic_results": f"{settings.topic_results}-{phase}",
-        }
+    return settings.with_env(
+        STREAMRANK_TOPIC_REQUESTS=f"{settings.topics.requests}-{phase}",
+        STREAMRANK_TOPIC_RESULTS=f"{settings.topics.results}-{phase}",
     )
 
 
 def phase_topics(settings: Settings) -> tuple[str, str]:
-    return settings.topic_requests, settings.topic_results
+    return settings.topics.requests, settings.topics.results
 
 
 def phase_driver(settings: Settings) -> Driver:
     """The load generator on the phase's own request and reply topics."""
-    return Driver(settings=settings, requests_topic=settings.topic_requests,
-                  results_topic=settings.topic_results)  # fmt: skip
+    return Driver(settings=settings, requests_topic=settings.topics.requests,
+                  results_topic=settings.topics.results)  # fmt: skip
 
 
 def cpu_ms_per_reply(cpu_s: float, stats: RunStats) -> float:
@@ -203,8 +201,8 @@ async def measure_mode(
     with contextlib.ExitStack() as workers:
         procs = [workers.enter_context(worker_process(SCORING_CLI, env))
                  for _ in range(args.workers)]  # fmt: skip
-        async with Driver(settings=settings, requests_topic=mode_settings.topic_requests,
-                          results_topic=mode_settings.topic_results) as driver:  # fmt: skip
+        async with Driver(settings=settings, requests_topic=mode_settings.topics.requests,
+                          results_topic=mode_settings.topics.results) as driver:  # fmt: skip
             await warm_up(driver, feed.take(200))
             if args.workers > 1:
                 # The first reply came from the first worker to join; the others' joins
@@ -248,8 +246,8 @@ async def measure_echo(
 ) -> dict[str, Any]:
     """The floor: the echo worker (:mod:`workbench.bench.echo`) on its own request topic,
     saturated then at the same offered rates."""
-    echo_settings = phase_settings(settings, "echo").model_copy(
-        update={"scoring_group_id": f"bench-echo-{version}"}
+    echo_settings = phase_settings(settings, "echo").with_env(
+        STREAMRANK_SCORING_GROUP_ID=f"bench-echo-{version}"
     )
     await create_topics(echo_settings, topics=phase_topics(echo_settings))
     with worker_process(ECHO_CLI, worker_env(echo_settings)) as proc:

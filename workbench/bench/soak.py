@@ -101,8 +101,8 @@ async def lags(settings: Settings) -> dict[str, int]:
     """Records behind, per group. A partition ahead of its end offset counts 0: the embedded
     broker (Tansu) reports an end offset short of the last record of a multi-record batch,
     so a group that has committed everything shows a negative lag there."""
-    features = await group_lag(settings, settings.features_app_id, settings.topic_clicks)
-    scoring = await group_lag(settings, settings.scoring_group_id, settings.topic_requests)
+    features = await group_lag(settings, settings.features.app_id, settings.topics.clicks)
+    scoring = await group_lag(settings, settings.scoring.group_id, settings.topics.requests)
     return {"features": sum(max(0, r.lag) for r in features),
             "scoring": sum(max(0, r.lag) for r in scoring)}  # fmt: skip
 
@@ -115,8 +115,8 @@ async def features_max(settings: Settings, args: argparse.Namespace, items: int)
     every user's sequence: with half-full ones the scoring max would overstate what the worker
     sustains once the soak's clicks fill them, and the soak would run overloaded."""
     # Users are drawn at random: twice the sequence length each, on average, fills nearly all.
-    backlog = max(args.backlog_clicks, 2 * args.users * settings.sequence_length)
-    producer = kafka.producer(settings, acks=1, linger_ms=5)
+    backlog = max(args.backlog_clicks, 2 * args.users * settings.features.sequence_length)
+    producer = kafka.producer(settings.kafka, acks=1, linger_ms=5)
     await producer.start()
     rng = np.random.default_rng(args.seed)
     now = clock.now_ms()
@@ -125,7 +125,7 @@ async def features_max(settings: Settings, args: argparse.Namespace, items: int)
             user = f"u{int(rng.integers(args.users))}"
             value = orjson.dumps({"event_id": f"backlog-{n}", "user_id": user,
                                   "item_id": f"i{int(rng.integers(items))}", "ts": now})  # fmt: skip
-            await producer.send(settings.topic_clicks, value, key=user.encode())
+            await producer.send(settings.topics.clicks, value, key=user.encode())
         await producer.flush()
     finally:
         await producer.stop()
@@ -141,8 +141,8 @@ async def scoring_max(settings: Settings, args: argparse.Namespace) -> float:
     """Replies/s of the scoring worker with a backlog of requests queued at once."""
     requests = make_requests(n=args.backlog_requests + 50, users=args.users, n_items=args.items,
                              candidates=args.candidates, zipf_a=1.1, seed=args.seed)  # fmt: skip
-    async with Driver(settings=settings, requests_topic=settings.topic_requests,
-                      results_topic=settings.topic_results) as driver:  # fmt: skip
+    async with Driver(settings=settings, requests_topic=settings.topics.requests,
+                      results_topic=settings.topics.results) as driver:  # fmt: skip
         await driver.open_loop(requests[:50], rate=50.0, drain_s=60.0)  # warm
         rate, _stats = await driver.saturate(requests[50:], drain_s=180.0)
     return rate
@@ -165,13 +165,13 @@ def soak_settings(
     base: Settings, stack: EmbeddedStack, args: argparse.Namespace, run_dir: Path
 ) -> Settings:
     tag = uuid.uuid4().hex[:6]
-    return base.model_copy(update={
-        "kafka_bootstrap": stack.bootstrap, "redis_url": SecretStr(stack.redis_url),
-        "run_dir": run_dir, "metrics_port": 0, "log_level": "WARNING",
-        "features_app_id": f"soak-features-{tag}", "scoring_group_id": f"soak-scoring-{tag}",
-        "dedupe_ttl_s": args.ttl_s, "counter_bucket_s": 3600, "counter_coarse_bucket_s": 3600,
-        "scoring_budget_ms": 5000,  # latency is measured, not turned into "expired" replies
-    })  # fmt: skip
+    return base.with_env(
+        STREAMRANK_KAFKA_BOOTSTRAP=stack.bootstrap, STREAMRANK_REDIS_URL=SecretStr(stack.redis_url),
+        STREAMRANK_RUN_DIR=run_dir, STREAMRANK_METRICS_PORT=0, STREAMRANK_LOG_LEVEL="WARNING",
+        STREAMRANK_FEATURES_APP_ID=f"soak-features-{tag}", STREAMRANK_SCORING_GROUP_ID=f"soak-scoring-{tag}",
+        STREAMRANK_DEDUPE_TTL_S=args.ttl_s, STREAMRANK_COUNTER_BUCKET_S=3600, STREAMRANK_COUNTER_COARSE_BUCKET_S=3600,
+        STREAMRANK_SCORING_BUDGET_MS=5000,  # latency is measured, not turned into "expired" replies
+    )  # fmt: skip
 
 
 def window_of(run: Run, start_ms: int, end_ms: int) -> dict[str, Any]:
@@ -192,7 +192,7 @@ async def _soak(
 ) -> dict[str, Any]:
     s = soak_settings(base, stack, args, run_dir)
     await create_topics(s)
-    redis = redis_client(s, timeout_s=30)
+    redis = redis_client(s.redis, timeout_s=30)
     children: list[ChildProcess] = []
     try:
         version = f"soak-din-{uuid.uuid4().hex[:6]}"

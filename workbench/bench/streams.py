@@ -95,7 +95,7 @@ def make_clicks(
 
 async def produce_all(settings: Settings, topic: str, messages: list[tuple[bytes, bytes]]) -> float:
     producer = AIOKafkaProducer(
-        **settings.kafka_client_kwargs(), acks="all", linger_ms=20, max_batch_size=512 * 1024
+        **settings.kafka.client_kwargs(), acks="all", linger_ms=20, max_batch_size=512 * 1024
     )
     await producer.start()
     started = time.perf_counter()
@@ -114,10 +114,10 @@ async def produce_all(settings: Settings, topic: str, messages: list[tuple[bytes
 
 async def raw_consume(settings: Settings, topic: str, expected: int) -> float:
     """Events/s of a plain aiokafka consumer reading and decoding ``topic`` from the start."""
-    limits = Limits.from_settings(settings)
+    limits = Limits.from_settings(settings.limits)
     consumer = AIOKafkaConsumer(
         topic,
-        **settings.kafka_client_kwargs(),
+        **settings.kafka.client_kwargs(),
         auto_offset_reset="earliest",
         enable_auto_commit=False,
         max_partition_fetch_bytes=4 * 1024 * 1024,
@@ -294,8 +294,8 @@ async def measure_latency(
         seed=args.seed + 1,
         start_ms=clock.now_ms(),
     )
-    producer = AIOKafkaProducer(**settings.kafka_client_kwargs(), acks=1, linger_ms=0)
-    client = redis_client(settings, timeout_s=5)
+    producer = AIOKafkaProducer(**settings.kafka.client_kwargs(), acks=1, linger_ms=0)
+    client = redis_client(settings.redis, timeout_s=5)
     await producer.start()
     watch = ProbeWatch(client)
     poll_task = asyncio.create_task(watch.poll())
@@ -325,7 +325,7 @@ async def measure_latency(
 
 async def _cleanup(settings: Settings, run: str) -> int:
     """Delete the run's keys (every master of a cluster is scanned) and its item counts."""
-    client = redis_client(settings, timeout_s=10)
+    client = redis_client(settings.redis, timeout_s=10)
     deleted = 0
     try:
         for pattern in (
@@ -349,16 +349,16 @@ def bench_settings(settings: Settings, run: str, args: argparse.Namespace) -> Se
     from workbench.devstack.services import free_port
 
     overrides: dict[str, Any] = {
-        "topic_clicks": f"{run}-clicks",
-        "topic_dead_letters": f"{run}-dead-letters",
-        "features_app_id": f"{run}-features",
-        "metrics_port": free_port(),
+        "STREAMRANK_TOPIC_CLICKS": f"{run}-clicks",
+        "STREAMRANK_TOPIC_DEAD_LETTERS": f"{run}-dead-letters",
+        "STREAMRANK_FEATURES_APP_ID": f"{run}-features",
+        "STREAMRANK_METRICS_PORT": free_port(),
     }
     if args.path:
-        overrides["features_path"] = args.path
+        overrides["STREAMRANK_FEATURES_PATH"] = args.path
     if args.batch_size:
-        overrides["features_batch_size"] = args.batch_size
-    return settings.model_copy(update=overrides)
+        overrides["STREAMRANK_FEATURES_BATCH_SIZE"] = args.batch_size
+    return settings.with_env(**overrides)
 
 
 async def _bench(settings: Settings, args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
@@ -367,7 +367,7 @@ async def _bench(settings: Settings, args: argparse.Namespace, work_dir: Path) -
 
     run = f"bench-{uuid.uuid4().hex[:8]}"
     settings = bench_settings(settings, run, args)
-    await create_topics(settings, topics=(settings.topic_clicks, settings.topic_dead_letters))
+    await create_topics(settings, topics=(settings.topics.clicks, settings.topics.dead_letters))
     messages = make_clicks(
         run,
         args.events,
@@ -377,17 +377,19 @@ async def _bench(settings: Settings, args: argparse.Namespace, work_dir: Path) -
         seed=args.seed,
         start_ms=clock.now_ms() - args.events,
     )
-    memory_client = redis_client(settings, timeout_s=10)
+    memory_client = redis_client(settings.redis, timeout_s=10)
     memory_before = await used_memory(memory_client)
-    produce_s = await produce_all(settings, settings.topic_clicks, messages)
-    raw = await raw_consume(settings, settings.topic_clicks, args.events)
+    produce_s = await produce_all(settings, settings.topics.clicks, messages)
+    raw = await raw_consume(settings, settings.topics.clicks, args.events)
     redis_before = await redis_usage(memory_client)
     worker = start_worker(
         "features", settings, log_path=work_dir / f"{run}-worker.log", metrics_port=None
     )
     try:
         await asyncio.to_thread(worker.wait_ready, 120)
-        drain = await measure_drain(worker.pid, settings.metrics_port or 0, args.events)
+        drain = await measure_drain(
+            worker.pid, settings.observability.metrics_port or 0, args.events
+        )
         redis_side = redis_usage_per_event(
             redis_before, await redis_usage(memory_client), args.events
         )
@@ -402,9 +404,9 @@ async def _bench(settings: Settings, args: argparse.Namespace, work_dir: Path) -
         "users": args.users,
         "items": args.items,
         "zipf": args.zipf,
-        "partitions": settings.topic_partitions,
-        "features_path": settings.features_path,
-        "batch_size": settings.features_batch_size,
+        "partitions": settings.topics.partitions,
+        "features_path": settings.features.path,
+        "batch_size": settings.features.batch_size,
         "produce_per_s": round(args.events / produce_s, 1),
         "raw_consume_per_s": round(raw, 1),
         "events_per_s": round(drain["events_per_s"], 1),
@@ -413,7 +415,7 @@ async def _bench(settings: Settings, args: argparse.Namespace, work_dir: Path) -
         **redis_side,
         "host_busy_cores": round(drain["host_busy_cores"], 2),
         **latency,
-        "redis": settings.redis_mode,
+        "redis": settings.redis.mode,
         **memory_figures(memory, users=len({key for key, _value in messages}), events=args.events),
         "goal_events_per_s_25000": drain["events_per_s"] >= 25_000,
         "goal_latency_p99_50ms": latency["latency_p99_ms"] <= 50,
@@ -426,9 +428,9 @@ async def latency_and_batches(
     settings: Settings, run: str, args: argparse.Namespace
 ) -> dict[str, Any]:
     """The latency phase, with the worker's batches meanwhile and their mean append time."""
-    port = settings.metrics_port or 0
+    port = settings.observability.metrics_port or 0
     before = await asyncio.to_thread(_samples, port)
-    latency = await measure_latency(settings, settings.topic_clicks, run, args)
+    latency = await measure_latency(settings, settings.topics.clicks, run, args)
     after = await asyncio.to_thread(_samples, port)
     name = "streamrank_features_append_to_durable_seconds"
     batches = after[f"{name}_count"] - before[f"{name}_count"]

@@ -75,10 +75,11 @@ def run_async(coro: Any) -> Any:
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    """Settings from the environment, overridden by the flags that map onto settings."""
-    overrides = {k: v for k, v in getattr(args, "settings_overrides", {}).items() if v is not None}
-    for flag, field in getattr(args, "setting_flags", {}).items():
+    """Settings from the environment, overridden by the flags that map onto settings (a
+    command's ``setting_flags``: flag -> ``STREAMRANK_*`` variable)."""
+    overrides: dict[str, Any] = {}
+    for flag, variable in getattr(args, "setting_flags", {}).items():
         value = getattr(args, flag, None)
         if value is not None:
-            overrides[field] = value
-    return Settings(**overrides)
+            overrides[variable] = value
+    return Settings().with_env(**overrides)

@@ -35,7 +35,7 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
     from workbench.devstack.stack import stack_from
 
     # Settings that name a cluster get the embedded stack with a local cluster.
-    stack = stack_from(settings, redis_cluster=True if settings.redis_is_cluster else None)
+    stack = stack_from(settings, redis_cluster=True if settings.redis.is_cluster else None)
     status = stack.status()
     we_started = not (status["kafka"]["up"] and status["redis"]["up"])
     if we_started:
@@ -60,7 +60,7 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
                 every_s=args.every,
                 request_rate=args.requests,
                 view=args.view,
-                logs=Path(settings.run_dir).resolve() / "demo",
+                logs=Path(settings.tools.run_dir).resolve() / "demo",
             )
         )
         say("shutting down")

@@ -49,7 +49,7 @@ def register(sub: Any) -> None:
         default=None,
         help="how Faust hands records over (setting features_path)",
     )
-    worker.set_defaults(func=_worker, setting_flags={"features_path": "features_path"})
+    worker.set_defaults(func=_worker, setting_flags={"features_path": "STREAMRANK_FEATURES_PATH"})
 
     features = sub.add_parser("features", help="print one user's sequence and counters")
     features.add_argument("--user", required=True, help="user id")

@@ -17,8 +17,8 @@ from workbench.cli.common import print_json, run_async
 
 def _wanted(args: argparse.Namespace, settings: Settings) -> dict[str, tuple[str, str]]:
     groups = {
-        "features": (settings.features_app_id, settings.topic_clicks),
-        "scoring": (settings.scoring_group_id, settings.topic_requests),
+        "features": (settings.features.app_id, settings.topics.clicks),
+        "scoring": (settings.scoring.group_id, settings.topics.requests),
     }
     if args.group and not args.worker:
         # any group: on --topic, or on the topic of the worker kind whose group it is

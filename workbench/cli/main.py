@@ -77,7 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"streamrank: invalid settings: {exc}", file=sys.stderr)
         return 2
-    logs.configure(args.log_level or config.log_level, config.log_format)
+    logs.configure(
+        args.log_level or config.observability.log_level, config.observability.log_format
+    )
     handler: Handler = args.func
     in_main_thread = threading.current_thread() is threading.main_thread()
     if in_main_thread and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
@@ -93,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except aiokafka.errors.KafkaConnectionError as exc:
         print(
-            f"streamrank: cannot reach Kafka at {config.kafka_bootstrap} ({exc}); is the stack "
+            f"streamrank: cannot reach Kafka at {config.kafka.bootstrap} ({exc}); is the stack "
             "up (`streamrank stack up`) or STREAMRANK_KAFKA_BOOTSTRAP right?",
             file=sys.stderr,
         )

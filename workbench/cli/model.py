@@ -18,21 +18,21 @@ def _train(args: argparse.Namespace, settings: Settings) -> int:
 
         ds = generate(n_users=args.users, n_items=args.items, seed=args.seed)
     else:
-        ds = load_movielens(args.data or settings.data_dir / "ml-100k")
+        ds = load_movielens(args.data or settings.tools.data_dir / "ml-100k")
     cfg = TrainConfig(
         epochs=args.epochs,
         batch_size=args.batch_size,
         lr=args.lr,
         seed=args.seed,
-        history_len=settings.sequence_length,
+        history_len=settings.features.sequence_length,
         n_negatives=args.negatives,
-        threads=settings.torch_threads,
+        threads=settings.scoring.torch_threads,
         profile=args.profile,
     )
     result = train_and_evaluate(ds, cfg, progress=not args.no_progress)
-    out = args.out or settings.artifacts_dir
+    out = args.out or settings.tools.artifacts_dir
     path = export_artifact(
-        result, ds, cfg, out, encoding=args.encoding or settings.embedding_encoding
+        result, ds, cfg, out, encoding=args.encoding or settings.embeddings.encoding
     )
     m = result.metrics
     report: dict[str, Any] = {
@@ -73,7 +73,7 @@ def _train(args: argparse.Namespace, settings: Settings) -> int:
 async def _redis(settings: Settings) -> Any:
     from streamrank.redis.client import redis_client
 
-    return redis_client(settings)
+    return redis_client(settings.redis)
 
 
 def _publish(args: argparse.Namespace, settings: Settings) -> int:
@@ -87,7 +87,9 @@ def _publish(args: argparse.Namespace, settings: Settings) -> int:
         raise ArtifactError(
             f"unknown encoding {args.encoding!r}; use one of {', '.join(ENCODINGS)}"
         )
-    artifact = load_artifact(args.artifact, artifacts_dir=settings.artifacts_dir)  # validates all
+    artifact = load_artifact(
+        args.artifact, artifacts_dir=settings.tools.artifacts_dir
+    )  # validates all
 
     async def go() -> dict[str, Any]:
         redis = await _redis(settings)
@@ -166,7 +168,7 @@ def register(sub: Any) -> None:
     )
     train.add_argument("--no-progress", action="store_true")
     train.add_argument("--json", action="store_true", help="print one JSON object")
-    train.set_defaults(func=_train, setting_flags={"threads": "torch_threads"})
+    train.set_defaults(func=_train, setting_flags={"threads": "STREAMRANK_TORCH_THREADS"})
 
     pub = sub.add_parser(
         "publish", help="publish an artifact's item table, weights and config to Redis"

@@ -17,8 +17,8 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
     from workbench.devstack.pipeline import stack_or_private
     from workbench.replay import run_replay, say
 
-    path = Path(args.artifact) if args.artifact else newest_artifact(settings.artifacts_dir)
-    artifact = load_artifact(path, artifacts_dir=settings.artifacts_dir)
+    path = Path(args.artifact) if args.artifact else newest_artifact(settings.tools.artifacts_dir)
+    artifact = load_artifact(path, artifacts_dir=settings.tools.artifacts_dir)
     if getattr(artifact.spec, "profile_sizes", ()):
         raise StreamrankError(
             f"{artifact.version} takes a user profile input, which the scoring worker does not "
@@ -27,7 +27,7 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
         )
     cases = load_cases(artifact.path / CANDIDATES_FILE, limit=args.users)
     say(f"artifact {artifact.path}: {len(cases)} test users")
-    run_dir = Path(settings.run_dir).resolve() / "replay"
+    run_dir = Path(settings.tools.run_dir).resolve() / "replay"
     with stack_or_private(settings, run_dir=run_dir, say=say) as (stack_settings, _private):
         report = run_async(
             run_replay(

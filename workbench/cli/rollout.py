@@ -55,12 +55,14 @@ async def drive(settings: Settings, *, tick_s: float, metrics_port: int | None) 
     from streamrank.runtime.metrics_http import resolve_port, serve_metrics
 
     registry = CollectorRegistry()
-    server = serve_metrics(registry, resolve_port(metrics_port, settings.metrics_port, "rollout"))
-    redis = redis_client(settings)
+    server = serve_metrics(
+        registry, resolve_port(metrics_port, settings.observability.metrics_port, "rollout")
+    )
+    redis = redis_client(settings.redis)
     try:
         driver = RolloutDriver(
             redis=redis,
-            bucket_s=settings.outcome_bucket_s,
+            bucket_s=settings.outcomes.bucket_s,
             tick_s=tick_s,
             metrics=RolloutMetrics(registry),
         )
@@ -85,12 +87,12 @@ def _print_final(state: Any, as_json: bool) -> int:
 
 
 def _start(args: argparse.Namespace, settings: Settings) -> int:
-    require_single_redis(settings)
+    require_single_redis(settings.redis)
     from scoring.rollout.driver import start_rollout
     from workbench.cli.common import run_until_signalled
 
     async def go() -> Any:
-        redis = redis_client(settings)
+        redis = redis_client(settings.redis)
         try:
             return await start_rollout(
                 redis,
@@ -123,7 +125,7 @@ def _start(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _drive(args: argparse.Namespace, settings: Settings) -> int:
-    require_single_redis(settings)
+    require_single_redis(settings.redis)
     from workbench.cli.common import run_until_signalled
 
     final = run_until_signalled(
@@ -136,11 +138,11 @@ def _drive(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _control(args: argparse.Namespace, settings: Settings) -> int:
-    require_single_redis(settings)
+    require_single_redis(settings.redis)
     from scoring.rollout.driver import control
 
     async def go() -> Any:
-        redis = redis_client(settings)
+        redis = redis_client(settings.redis)
         try:
             return await control(redis, args.rollout_action, by=_by())
         finally:
@@ -199,17 +201,17 @@ def render_status(report: dict[str, Any]) -> str:
 
 
 def _status(args: argparse.Namespace, settings: Settings) -> int:
-    require_single_redis(settings)
+    require_single_redis(settings.redis)
     from scoring.rollout.status import rollout_status
     from streamrank import clock
     from workbench.cli.common import print_json
 
     async def go() -> dict[str, Any]:
-        redis = redis_client(settings)
+        redis = redis_client(settings.redis)
         try:
             return await rollout_status(
                 redis,
-                bucket_s=settings.outcome_bucket_s,
+                bucket_s=settings.outcomes.bucket_s,
                 window_s=int(parse_duration(args.window)) if args.window else None,
                 now_ms=clock.now_ms(),
             )

@@ -46,7 +46,7 @@ async def canary(settings: Settings, split: str | None) -> dict[str, Any]:
     from scoring.model.versions import set_split
     from streamrank import keys
 
-    client = redis_client(settings)
+    client = redis_client(settings.redis)
     try:
         parsed = await set_split(client, split)
         active = await client.get(keys.active_model())

@@ -9,19 +9,30 @@ from pydantic import SecretStr
 
 from streamrank.settings import Settings
 
+EMBEDDED = ("kafka.bootstrap", "redis.url")  # unset: the embedded stack's
+
 
 def settings_table() -> str:
-    """A Markdown table of every setting: environment variable, default, description."""
-    rows = ["| variable | default | meaning |", "|---|---|---|"]
-    for name, field in Settings.model_fields.items():
-        default = field.get_default(call_default_factory=False)
+    """A Markdown table of every setting: environment variable, where the code reads it
+    (section.field), default, description."""
+    rows = ["| variable | setting | default | meaning |", "|---|---|---|---|"]
+    for field in Settings.env_fields():
+        setting = f"{field.section}.{field.name}"
+        default = field.info.get_default(call_default_factory=False)
         if isinstance(default, SecretStr):
             default = default.get_secret_value()
-        shown = "(computed)" if field.default_factory is not None else repr(default)
-        if default in ("", None) and name in ("kafka_bootstrap", "redis_url"):
+        shown = "(computed)" if field.info.default_factory is not None else repr(default)
+        if default in ("", None) and setting in EMBEDDED:
             shown = "embedded stack"
-        rows.append(f"| `STREAMRANK_{name.upper()}` | `{shown}` | {field.description or ''} |")
+        meaning = field.info.description or ""
+        rows.append(f"| `{field.env}` | `{setting}` | `{shown}` | {meaning} |")
     return "\n".join(rows)
+
+
+def _shown(value: Any) -> Any:
+    if isinstance(value, SecretStr):
+        return "**********"
+    return value if isinstance(value, int | float | bool | str | None | tuple) else str(value)
 
 
 def _settings(args: argparse.Namespace, settings: Settings) -> int:
@@ -30,16 +41,11 @@ def _settings(args: argparse.Namespace, settings: Settings) -> int:
     if args.table:
         print(settings_table())
         return 0
-    values: dict[str, Any] = {}
-    for name in Settings.model_fields:
-        value = getattr(settings, name)
-        values[name] = "**********" if isinstance(value, SecretStr) else value
-    print_json(
-        {
-            k: (str(v) if not isinstance(v, int | float | bool | str | None | tuple) else v)
-            for k, v in values.items()
-        }
-    )
+    values: dict[str, dict[str, Any]] = {}
+    for field in settings.env_fields():
+        value = getattr(getattr(settings, field.section), field.name)
+        values.setdefault(field.section, {})[field.name] = _shown(value)
+    print_json(values)
     return 0
 
 

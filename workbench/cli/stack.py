@@ -80,9 +80,9 @@ def register(sub: Any) -> None:
     stack.set_defaults(
         func=_stack,
         setting_flags={
-            "kafka_port": "stack_kafka_port",
-            "redis_port": "stack_redis_port",
-            "run_dir": "run_dir",
+            "kafka_port": "STREAMRANK_STACK_KAFKA_PORT",
+            "redis_port": "STREAMRANK_STACK_REDIS_PORT",
+            "run_dir": "STREAMRANK_RUN_DIR",
         },
     )
 

@@ -40,15 +40,15 @@ def private_run(run: str) -> dict[str, Any]:
     never mixes with other traffic on a shared stack; historical click times accepted; a
     generous request budget (scores, not latency, are checked)."""
     return {
-        "topic_clicks": f"{run}-clicks",
-        "topic_requests": f"{run}-rank-requests",
-        "topic_results": f"{run}-rank-results",
-        "topic_dead_letters": f"{run}-dead-letters",
-        "features_app_id": f"{run}-features",
-        "scoring_group_id": f"{run}-scoring",
-        "max_event_skew_s": HISTORICAL_SKEW_S,
-        "scoring_budget_ms": REPLAY_BUDGET_MS,
-        "metrics_port": 0,
+        "STREAMRANK_TOPIC_CLICKS": f"{run}-clicks",
+        "STREAMRANK_TOPIC_REQUESTS": f"{run}-rank-requests",
+        "STREAMRANK_TOPIC_RESULTS": f"{run}-rank-results",
+        "STREAMRANK_TOPIC_DEAD_LETTERS": f"{run}-dead-letters",
+        "STREAMRANK_FEATURES_APP_ID": f"{run}-features",
+        "STREAMRANK_SCORING_GROUP_ID": f"{run}-scoring",
+        "STREAMRANK_MAX_EVENT_SKEW_S": HISTORICAL_SKEW_S,
+        "STREAMRANK_SCORING_BUDGET_MS": REPLAY_BUDGET_MS,
+        "STREAMRANK_METRICS_PORT": 0,
     }
 
 
@@ -166,14 +166,14 @@ async def produce_clicks(
     settings: Settings, events: Sequence[ClickEvent], *, progress: bool
 ) -> None:
     """Produce ``events`` to the clicks topic (keyed by user), acknowledged."""
-    producer = kafka.producer(settings, acks="all", linger_ms=5)
+    producer = kafka.producer(settings.kafka, acks="all", linger_ms=5)
     await producer.start()
     try:
         with tqdm(total=len(events), desc="produce clicks", unit="ev", disable=not progress) as bar:
             for start in range(0, len(events), 1000):
                 chunk = events[start : start + 1000]
                 futures = [
-                    await producer.send(settings.topic_clicks, e.to_json(), key=e.user_id.encode())
+                    await producer.send(settings.topics.clicks, e.to_json(), key=e.user_id.encode())
                     for e in chunk
                 ]
                 await asyncio.gather(*futures)
@@ -194,7 +194,7 @@ async def wait_applied(
     """Poll the sequences (one round trip per poll) until every user holds exactly its events."""
     from streams.reader import FeatureReader
 
-    reader = FeatureReader(redis=redis, settings=settings)
+    reader = FeatureReader(redis=redis, features=settings.features)
     deadline = time.monotonic() + timeout_s
     done = 0
     with tqdm(
@@ -215,7 +215,7 @@ async def wait_applied(
                     f"after {timeout_s:.0f}s, {len(missing)} of {len(expected)} users' sequences "
                     f"in Redis still differ from their replayed events (e.g. {user}: "
                     f"{len(sequences[user])} of {len(expected[user])} events); see the features "
-                    f"worker log {log_path} and the dead-letter topic {settings.topic_dead_letters}"
+                    f"worker log {log_path} and the dead-letter topic {settings.topics.dead_letters}"
                 )
             await asyncio.sleep(0.25)
 

@@ -19,7 +19,7 @@ from workbench.devstack.stack import EmbeddedStack
 
 def stack_answers(settings: Settings) -> bool:
     """True when the broker and the Redis that ``settings`` name both answer."""
-    return redis_answers(settings.redis_dsn) and kafka_answers(settings.kafka_bootstrap)
+    return redis_answers(settings.redis.dsn) and kafka_answers(settings.kafka.bootstrap)
 
 
 @contextlib.contextmanager
@@ -32,14 +32,14 @@ def stack_or_private(
     if stack_answers(settings):
         yield settings, None
         return
-    stack = EmbeddedStack.on_free_ports(run_dir, redis_cluster=settings.redis_is_cluster)
+    stack = EmbeddedStack.on_free_ports(run_dir, redis_cluster=settings.redis.is_cluster)
     say(
-        f"nothing answers at {settings.kafka_bootstrap} / Redis; starting a private embedded "
+        f"nothing answers at {settings.kafka.bootstrap} / Redis; starting a private embedded "
         f"stack (kafka {stack.bootstrap}, redis {stack.redis_url})"
     )
     stack.up(timeout_s=120)
     try:
-        yield stack.settings_for(settings).model_copy(update={"run_dir": run_dir}), stack
+        yield stack.settings_for(settings).with_env(STREAMRANK_RUN_DIR=run_dir), stack
     finally:
         stack.down()
 

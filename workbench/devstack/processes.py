@@ -160,7 +160,7 @@ def worker_env(settings: Settings, extra: Mapping[str, str] | None = None) -> di
     ``settings`` (and ``extra``): what a worker child reads its settings from."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRANK_")}
     env.update(settings.as_env())
-    if settings.log_level.upper() not in ("DEBUG", "INFO"):
+    if settings.observability.log_level.upper() not in ("DEBUG", "INFO"):
         env["STREAMRANK_LOG_LEVEL"] = "INFO"  # the ready markers are INFO lines
     env.update(extra or {})
     return env

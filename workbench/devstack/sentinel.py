@@ -33,9 +33,9 @@ class LocalSentinel:
     def settings(self) -> dict[str, Any]:
         return {
             # only the database (and password, TLS) of this URL count with Sentinels
-            "redis_url": f"redis://{HOST}:{self.master_port}/0",
-            "redis_sentinels": tuple(f"{HOST}:{p}" for p in self.sentinel_ports),
-            "redis_sentinel_master": MASTER_NAME,
+            "STREAMRANK_REDIS_URL": f"redis://{HOST}:{self.master_port}/0",
+            "STREAMRANK_REDIS_SENTINELS": tuple(f"{HOST}:{p}" for p in self.sentinel_ports),
+            "STREAMRANK_REDIS_SENTINEL_MASTER": MASTER_NAME,
         }
 
     def start(self, timeout_s: float = 60.0) -> LocalSentinel:

@@ -82,14 +82,12 @@ class EmbeddedStack:
         """``settings`` pointed at this stack."""
         env = self.client_env()
         nodes = env.get("STREAMRANK_REDIS_CLUSTER_NODES")
-        return settings.model_copy(
-            update={
-                "kafka_bootstrap": self.bootstrap,
-                "redis_url": SecretStr(self.redis_url),
-                "redis_cluster": False,  # the URL says it
-                "redis_cluster_nodes": tuple(nodes.split(",")) if nodes else (),
-                "redis_sentinels": (),
-            }
+        return settings.with_env(
+            STREAMRANK_KAFKA_BOOTSTRAP=self.bootstrap,
+            STREAMRANK_REDIS_URL=SecretStr(self.redis_url),
+            STREAMRANK_REDIS_CLUSTER=False,  # the URL says it
+            STREAMRANK_REDIS_CLUSTER_NODES=tuple(nodes.split(",")) if nodes else (),
+            STREAMRANK_REDIS_SENTINELS=(),
         )
 
     @property
@@ -289,8 +287,8 @@ class EmbeddedStack:
 def stack_from(settings: Settings, *, redis_cluster: bool | None = None) -> EmbeddedStack:
     """The embedded stack of ``settings``' run directory and ports."""
     return EmbeddedStack(
-        run_dir=settings.run_dir,
-        kafka_port=settings.stack_kafka_port,
-        redis_port=settings.stack_redis_port,
+        run_dir=settings.tools.run_dir,
+        kafka_port=settings.tools.stack_kafka_port,
+        redis_port=settings.tools.stack_redis_port,
         redis_cluster=redis_cluster,
     )

@@ -59,21 +59,23 @@ async def _scenario(
     tmp_path: Path,
     artifact: Path,
 ) -> None:
-    base = make_settings(redis_url=cluster.url, redis_cluster_nodes=cluster.startup_nodes)
-    redis = redis_client(base, timeout_s=5)
+    base = make_settings(
+        STREAMRANK_REDIS_URL=cluster.url, STREAMRANK_REDIS_CLUSTER_NODES=cluster.startup_nodes
+    )
+    redis = redis_client(base.redis, timeout_s=5)
     try:
         version = await publish(redis, artifact)
     finally:
         await redis.aclose()
     settings = make_settings(
-        redis_url=cluster.url,  # the node killed below: clients find the others
-        redis_cluster_nodes=cluster.startup_nodes,
-        redis_wait_replicas=1,  # a batch is acknowledged only once its replica has it
-        features_app_id=f"failover-{unique}",
-        scoring_group_id=f"failover-{unique}",
-        canary_split=f"{version}:1",
-        scoring_budget_ms=60_000,  # degraded means Redis, never a missed deadline
-        breaker_cooldown_s=0.5,
+        STREAMRANK_REDIS_URL=cluster.url,  # the node killed below: clients find the others
+        STREAMRANK_REDIS_CLUSTER_NODES=cluster.startup_nodes,
+        STREAMRANK_REDIS_WAIT_REPLICAS=1,  # a batch is acknowledged only once its replica has it
+        STREAMRANK_FEATURES_APP_ID=f"failover-{unique}",
+        STREAMRANK_SCORING_GROUP_ID=f"failover-{unique}",
+        STREAMRANK_CANARY_SPLIT=f"{version}:1",
+        STREAMRANK_SCORING_BUDGET_MS=60_000,  # degraded means Redis, never a missed deadline
+        STREAMRANK_BREAKER_COOLDOWN_S=0.5,
     )
     await create_topics(settings)
     features = start_worker("features", settings, log_path=tmp_path / "features.log")
@@ -101,7 +103,7 @@ async def _under_load(
     slowest: list[float] = []
 
     async def click_load() -> None:
-        producer = kafka.producer(settings, acks="all", linger_ms=5)
+        producer = kafka.producer(settings.kafka, acks="all", linger_ms=5)
         await producer.start()
         try:
             while not stop.is_set():
@@ -113,7 +115,7 @@ async def _under_load(
                     body = {"event_id": event, "user_id": user, "item_id": item, "ts": ts}
                     futures.append(
                         await producer.send(
-                            settings.topic_clicks, orjson.dumps(body), key=user.encode()
+                            settings.topics.clicks, orjson.dumps(body), key=user.encode()
                         )
                     )
                     sent[user].append((ts, event, item))
@@ -170,17 +172,17 @@ async def _under_load(
     # Every click was applied exactly once: the counters hold each one once, the sequences
     # end with each user's newest events in (ts, event_id) order.
     total = sum(len(v) for v in sent.values())
-    reader_settings = settings.model_copy(update={"redis_timeout_s": 5.0})
-    cap = settings.sequence_length
+    reader_settings = settings.with_env(STREAMRANK_REDIS_TIMEOUT_S=5.0)
+    cap = settings.features.sequence_length
 
     async def all_applied() -> bool:
         members = await sequence_members(reader_settings, users)
         return all(members[u] == [e for _ts, e, _i in sorted(sent[u])[-cap:]] for u in users)
 
     await poll(all_applied, timeout_s=120, what=f"all {total} clicks in the sequences")
-    client = redis_client(reader_settings)
+    client = redis_client(reader_settings.redis)
     try:
-        counters = await FeatureReader(redis=client, settings=settings).get_counters(
+        counters = await FeatureReader(redis=client, features=settings.features).get_counters(
             user_ids=users, item_ids=items
         )
     finally:
@@ -230,13 +232,15 @@ async def test_slots_moved_under_load_lose_nothing_and_apply_nothing_twice(
     await asyncio.to_thread(cluster.start)
     try:
         settings = make_settings(
-            redis_url=cluster.url, redis_cluster_nodes=cluster.startup_nodes, redis_wait_replicas=1
+            STREAMRANK_REDIS_URL=cluster.url,
+            STREAMRANK_REDIS_CLUSTER_NODES=cluster.startup_nodes,
+            STREAMRANK_REDIS_WAIT_REPLICAS=1,
         )
         users = [f"{unique}-u{n}" for n in range(200)]
         now = int(time.time() * 1000)
         processor = FeatureProcessor(settings=settings, metrics=FeatureMetrics(CollectorRegistry()))
-        reader_client = redis_client(settings, timeout_s=5)
-        reader = FeatureReader(redis=reader_client, settings=settings)
+        reader_client = redis_client(settings.redis, timeout_s=5)
+        reader = FeatureReader(redis=reader_client, features=settings.features)
         await processor.start()
         source, target = cluster.master_ports()[:2]
         ids = {n.port: n.node_id for n in cluster.nodes()}

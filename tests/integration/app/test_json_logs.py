@@ -41,16 +41,16 @@ async def test_one_user_is_followed_through_both_workers_in_json_logs(
     tiny_artifacts: tuple[Path, Path],
 ) -> None:  # fmt: skip
     settings = make_settings(
-        features_app_id=f"features-{unique}", scoring_group_id=f"scoring-{unique}",
-        scoring_budget_ms=10_000,
+        STREAMRANK_FEATURES_APP_ID=f"features-{unique}", STREAMRANK_SCORING_GROUP_ID=f"scoring-{unique}",
+        STREAMRANK_SCORING_BUDGET_MS=10_000,
     )  # fmt: skip
     await create_topics(settings)
-    redis = redis_client(settings)
+    redis = redis_client(settings.redis)
     try:
         version = await publish(redis, tiny_artifacts[0])
     finally:
         await redis.aclose()
-    pinned = settings.model_copy(update={"canary_split": f"{version}:1"})
+    pinned = settings.with_env(STREAMRANK_CANARY_SPLIT=f"{version}:1")
     logs = {kind: tmp_path / f"{kind}.log" for kind in ("features", "scoring")}
     handles = [
         start_worker(kind, pinned, log_path=logs[kind], metrics_port=0, extra_env=JSON_DEBUG)
@@ -79,12 +79,13 @@ async def test_one_user_is_followed_through_both_workers_in_json_logs(
     scoring = json_log(logs["scoring"])
     assert all({"ts", "level", "logger", "message"} <= set(r) for r in features + scoring)
     [seen] = [r for r in features if r.get("user_id") == user]
-    assert seen["event_id"] == f"e1-{unique}" and seen["topic"] == settings.topic_clicks
+    assert seen["event_id"] == f"e1-{unique}" and seen["topic"] == settings.topics.clicks
     assert isinstance(seen["partition"], int) and isinstance(seen["offset"], int)
     [reply] = [r for r in scoring if r.get("request_id") == result.request_id]
     assert reply["user_id"] == user and reply["model_version"] == version == result.model_version
     assert (
-        reply["topic"] == settings.topic_requests and reply["reply_topic"] == settings.topic_results
+        reply["topic"] == settings.topics.requests
+        and reply["reply_topic"] == settings.topics.results
     )
     assert isinstance(reply["partition"], int) and isinstance(reply["offset"], int)
     assert any("scoring worker consuming" in r["message"] for r in scoring)

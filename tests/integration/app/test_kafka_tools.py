@@ -51,9 +51,11 @@ def kcat_find(bootstrap: str, topic: str, key: str, timeout_s: float = 60) -> by
 async def test_a_rank_request_round_trip_with_librdkafka(
     make_settings: Callable[..., Settings], unique: str, tiny_artifacts: tuple[Path, Path]
 ) -> None:
-    settings = make_settings(scoring_group_id=f"kcat-{unique}", scoring_budget_ms=10_000)
+    settings = make_settings(
+        STREAMRANK_SCORING_GROUP_ID=f"kcat-{unique}", STREAMRANK_SCORING_BUDGET_MS=10_000
+    )
     await create_topics(settings)
-    redis = redis_client(settings)
+    redis = redis_client(settings.redis)
     try:
         version = await publish(redis, tiny_artifacts[0])
     finally:
@@ -61,13 +63,13 @@ async def test_a_rank_request_round_trip_with_librdkafka(
     items = item_ids(tiny_artifacts[0])[:3]
     request_id = f"r-{unique}"
     request = orjson.dumps({"request_id": request_id, "user_id": "u42", "items": items}).decode()
-    pinned = settings.model_copy(update={"canary_split": f"{version}:1"})
+    pinned = settings.with_env(STREAMRANK_CANARY_SPLIT=f"{version}:1")
     async with running_worker(pinned):
         await in_thread(
-            kcat_produce, settings.kafka_bootstrap, settings.topic_requests, "u42", request
+            kcat_produce, settings.kafka.bootstrap, settings.topics.requests, "u42", request
         )
         raw = await in_thread(
-            kcat_find, settings.kafka_bootstrap, settings.topic_results, request_id
+            kcat_find, settings.kafka.bootstrap, settings.topics.results, request_id
         )
     reply = decode_result(raw)
     assert reply.request_id == request_id and reply.user_id == "u42"

@@ -66,7 +66,7 @@ def query(port: int, expr: str) -> list[dict[str, Any]]:
 
 
 async def current_version(settings: Settings) -> str:
-    redis = redis_client(settings)
+    redis = redis_client(settings.redis)
     try:
         return (await redis.get(keys.active_model())).decode()
     finally:
@@ -83,9 +83,9 @@ def workers(
     make_settings: Callable[..., Settings], unique: str, tmp_path: Path
 ) -> Iterator[tuple[Settings, dict[str, int]]]:
     settings = make_settings(
-        features_app_id=f"features-{unique}",
-        scoring_group_id=f"scoring-{unique}",
-        scoring_budget_ms=10_000,
+        STREAMRANK_FEATURES_APP_ID=f"features-{unique}",
+        STREAMRANK_SCORING_GROUP_ID=f"scoring-{unique}",
+        STREAMRANK_SCORING_BUDGET_MS=10_000,
     )
     ports = {"features": free_port(), "scoring": free_port()}
     handles = [
@@ -110,7 +110,7 @@ async def test_prometheus_scrapes_both_workers_and_answers_queries(
 ) -> None:
     settings, ports = workers
     await create_topics(settings)
-    redis = redis_client(settings)
+    redis = redis_client(settings.redis)
     try:
         await redis.set(keys.active_model(), await publish(redis, tiny_artifacts[0]))
     finally:

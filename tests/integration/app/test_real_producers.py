@@ -72,13 +72,13 @@ async def workers(
     make_settings: Callable[..., Settings], unique: str, artifact: Path, tmp_path: Path
 ) -> Iterator[Workers]:
     settings = make_settings(
-        features_app_id=f"features-{unique}",
-        scoring_group_id=f"scoring-{unique}",
-        scoring_budget_ms=10_000,
-        kafka_compression="lz4",  # our own producers compress too: consumers must read it
+        STREAMRANK_FEATURES_APP_ID=f"features-{unique}",
+        STREAMRANK_SCORING_GROUP_ID=f"scoring-{unique}",
+        STREAMRANK_SCORING_BUDGET_MS=10_000,
+        STREAMRANK_KAFKA_COMPRESSION="lz4",  # our own producers compress too: consumers must read it
     )
     await create_topics(settings)
-    redis = redis_client(settings)
+    redis = redis_client(settings.redis)
     try:
         await redis.set(keys.active_model(), await publish(redis, artifact))
     finally:
@@ -132,13 +132,13 @@ async def test_every_codec_with_headers_is_applied_answered_and_dead_lettered(
         )
         assert (
             await in_thread(
-                librdkafka_produce, s.kafka_bootstrap, s.topic_clicks, clicks, codec=codec
+                librdkafka_produce, s.kafka.bootstrap, s.topics.clicks, clicks, codec=codec
             )
             == 11
         )
         assert (
             await in_thread(
-                librdkafka_produce, s.kafka_bootstrap, s.topic_requests, requests, codec=codec
+                librdkafka_produce, s.kafka.bootstrap, s.topics.requests, requests, codec=codec
             )
             == 6
         )
@@ -152,7 +152,7 @@ async def test_every_codec_with_headers_is_applied_answered_and_dead_lettered(
     # `streamrank tail` reads records of every codec (and prints the poison pills too)
     shown = await in_thread(
         subprocess.run,
-        [sys.executable, "-m", "workbench.cli", "tail", s.topic_clicks, "--from-beginning",
+        [sys.executable, "-m", "workbench.cli", "tail", s.topics.clicks, "--from-beginning",
          "--json"],
         capture_output=True, env={**os.environ, **s.as_env()}, check=True, timeout=120,
     )  # fmt: skip
@@ -164,7 +164,7 @@ async def test_every_codec_with_headers_is_applied_answered_and_dead_lettered(
 
     # Replies and dead letters were produced lz4-compressed by our workers; librdkafka (an
     # independent client) reads them.
-    replies = await in_thread(librdkafka_read, s.kafka_bootstrap, s.topic_results, want=24)
+    replies = await in_thread(librdkafka_read, s.kafka.bootstrap, s.topics.results, want=24)
     results = {r.request_id: r for r in (decode_result(m.value()) for m in replies)}
     for codec in CODECS:
         for i in range(5):
@@ -173,13 +173,13 @@ async def test_every_codec_with_headers_is_applied_answered_and_dead_lettered(
         assert results[f"r-{codec}-bad-{unique}"].reason.startswith("invalid_request")
     letters = [
         decode_dead_letter(m.value())
-        for m in await in_thread(librdkafka_read, s.kafka_bootstrap, s.topic_dead_letters, want=8)
+        for m in await in_thread(librdkafka_read, s.kafka.bootstrap, s.topics.dead_letters, want=8)
     ]
     assert len(letters) == 8
     for codec in CODECS:
         mine = [letter for letter in letters if codec in letter.payload]
         assert sorted(letter.source_topic for letter in mine) == sorted(
-            [s.topic_clicks, s.topic_requests]
+            [s.topics.clicks, s.topics.requests]
         )
         for letter in mine:
             assert letter.reason == "bad_type"
@@ -201,8 +201,8 @@ async def test_an_undecodable_batch_is_skipped_with_a_dead_letter_and_the_partit
         [click(f"lost-{i}", user, "i") for i in range(3)], key=user.encode()
     )
     bad_requests = garbled_gzip_batch([b"{}"] * 4, key=user.encode())
-    await produce_raw_batch(s.kafka_bootstrap, s.topic_clicks, 0, bad_clicks)
-    await produce_raw_batch(s.kafka_bootstrap, s.topic_requests, 0, bad_requests)
+    await produce_raw_batch(s.kafka.bootstrap, s.topics.clicks, 0, bad_clicks)
+    await produce_raw_batch(s.kafka.bootstrap, s.topics.requests, 0, bad_requests)
     after_clicks = [
         (user.encode(), click(f"after-{i}-{unique}", user, items[i]), []) for i in range(3)
     ]
@@ -217,16 +217,16 @@ async def test_an_undecodable_batch_is_skipped_with_a_dead_letter_and_the_partit
     # Same partition as the broken batches, after them: they only arrive if the worker moved on.
     await in_thread(
         librdkafka_produce,
-        s.kafka_bootstrap,
-        s.topic_clicks,
+        s.kafka.bootstrap,
+        s.topics.clicks,
         after_clicks,
         codec="none",
         partition=0,
     )
     await in_thread(
         librdkafka_produce,
-        s.kafka_bootstrap,
-        s.topic_requests,
+        s.kafka.bootstrap,
+        s.topics.requests,
         after_requests,
         codec="none",
         partition=0,
@@ -236,21 +236,21 @@ async def test_an_undecodable_batch_is_skipped_with_a_dead_letter_and_the_partit
         return len((await sequence_members(s, [user]))[user]) == 3
 
     await poll(applied, timeout_s=60, what="the clicks after the broken batch")
-    replies = await in_thread(librdkafka_read, s.kafka_bootstrap, s.topic_results, want=3)
+    replies = await in_thread(librdkafka_read, s.kafka.bootstrap, s.topics.results, want=3)
     assert {decode_result(m.value()).request_id for m in replies} >= {
         f"r-after-{i}-{unique}" for i in range(3)
     }
     letters = [
         decode_dead_letter(m.value())
-        for m in await in_thread(librdkafka_read, s.kafka_bootstrap, s.topic_dead_letters, want=2)
+        for m in await in_thread(librdkafka_read, s.kafka.bootstrap, s.topics.dead_letters, want=2)
     ]
     by_topic = {
         letter.source_topic: letter for letter in letters if letter.reason == "undecodable_batch"
     }
-    assert set(by_topic) == {s.topic_clicks, s.topic_requests}
-    assert by_topic[s.topic_clicks].partition == 0
-    assert "offsets 0-2 skipped" in by_topic[s.topic_clicks].error
-    assert "offsets 0-3 skipped" in by_topic[s.topic_requests].error
+    assert set(by_topic) == {s.topics.clicks, s.topics.requests}
+    assert by_topic[s.topics.clicks].partition == 0
+    assert "offsets 0-2 skipped" in by_topic[s.topics.clicks].error
+    assert "offsets 0-3 skipped" in by_topic[s.topics.requests].error
     features = await in_thread(scrape, workers.features_port)
     scoring = await in_thread(scrape, workers.scoring_port)
     assert metric(features, "streamrank_features_skipped_records_total") == 3
@@ -347,7 +347,7 @@ def read_until_committed(
 
 async def test_aborted_transactions_never_become_features(workers: Workers, unique: str) -> None:
     s = workers.settings
-    filters = await in_thread(broker_filters_aborted, s.kafka_bootstrap, s.topic_clicks, unique)
+    filters = await in_thread(broker_filters_aborted, s.kafka.bootstrap, s.topics.clicks, unique)
     if filters is None:
         pytest.skip(
             "the broker probe could not tell: it read no committed record within 15 s, or the "
@@ -363,7 +363,7 @@ async def test_aborted_transactions_never_become_features(workers: Workers, uniq
     user = f"u-tx-{unique}"
     aborted = [(user.encode(), click(f"aborted-{i}-{unique}", user, "i"), []) for i in range(3)]
     committed = [(user.encode(), click(f"committed-{i}-{unique}", user, "i"), []) for i in range(3)]
-    await in_thread(transactional_produce, s.kafka_bootstrap, s.topic_clicks, aborted, committed)
+    await in_thread(transactional_produce, s.kafka.bootstrap, s.topics.clicks, aborted, committed)
 
     async def applied() -> list[str]:
         return (await sequence_members(s, [user]))[user]

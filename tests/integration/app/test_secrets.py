@@ -57,14 +57,14 @@ async def test_no_secret_in_logs_settings_errors_or_metrics(
     with private_redis(tmp_path / "redis", password=REDIS_PASSWORD) as server:
         assert REDIS_PASSWORD in server.url
         settings = make_settings(
-            redis_url=server.url, features_app_id=f"features-{unique}",
-            scoring_group_id=f"scoring-{unique}", scoring_budget_ms=10_000,
+            STREAMRANK_REDIS_URL=server.url, STREAMRANK_FEATURES_APP_ID=f"features-{unique}",
+            STREAMRANK_SCORING_GROUP_ID=f"scoring-{unique}", STREAMRANK_SCORING_BUDGET_MS=10_000,
             # In every process's settings; the embedded broker has no SASL, so the handshake
             # itself (refused) runs in the second half of the test.
-            kafka_sasl_username="svc", kafka_sasl_password=SASL_PASSWORD,
+            STREAMRANK_KAFKA_SASL_USERNAME="svc", STREAMRANK_KAFKA_SASL_PASSWORD=SASL_PASSWORD,
         )  # fmt: skip
         await create_topics(settings)
-        client = redis_client(settings)
+        client = redis_client(settings.redis)
         try:
             await client.set(keys.active_model(), await publish(client, tiny_artifacts[0]))
         finally:
@@ -111,10 +111,10 @@ async def test_no_secret_in_logs_settings_errors_or_metrics(
         refused = cli(["activate", "din-20990101-abcdef"], wrong)
         assert refused.returncode == 1
         assert_clean(refused.stdout + refused.stderr, "a Redis AUTH error")
-        over_sasl = settings.model_copy(update={
-            "kafka_security_protocol": "SASL_PLAINTEXT", "kafka_sasl_mechanism": "PLAIN",
-            "kafka_start_timeout_s": 3.0,
-        })  # fmt: skip
+        over_sasl = settings.with_env(
+            STREAMRANK_KAFKA_SECURITY_PROTOCOL="SASL_PLAINTEXT", STREAMRANK_KAFKA_SASL_MECHANISM="PLAIN",
+            STREAMRANK_KAFKA_START_TIMEOUT_S=3.0,
+        )  # fmt: skip
         failed = cli(["topics", "create"], worker_env(over_sasl))
         assert failed.returncode == 1
         assert_clean(failed.stdout + failed.stderr, "a SASL error")

@@ -239,13 +239,13 @@ def test_pid_file_naming_a_foreign_process_is_refused(private_env: dict[str, str
 async def test_topics_create_is_idempotent(make_settings: Callable[..., Settings]) -> None:
     settings = make_settings()
     first = await create_topics(settings, partitions=3)
-    assert set(first.values()) == {"created"} and set(first) == set(settings.all_topics())
+    assert set(first.values()) == {"created"} and set(first) == set(settings.topics.names())
     second = await create_topics(settings, partitions=3)
     assert set(second.values()) == {"exists"}
-    admin = AIOKafkaAdminClient(**settings.kafka_client_kwargs())
+    admin = AIOKafkaAdminClient(**settings.kafka.client_kwargs())
     await admin.start()
     try:
-        described = await admin.describe_topics([settings.topic_clicks])
+        described = await admin.describe_topics([settings.topics.clicks])
         assert len(described[0]["partitions"]) == 3
     finally:
         await admin.close()

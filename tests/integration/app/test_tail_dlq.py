@@ -42,7 +42,7 @@ def json_lines(text: str) -> list[dict]:  # type: ignore[type-arg]
 
 
 async def group_ids(settings: Settings) -> set[str]:
-    admin = AIOKafkaAdminClient(**settings.kafka_client_kwargs())
+    admin = AIOKafkaAdminClient(**settings.kafka.client_kwargs())
     await admin.start()
     try:
         return {g[0] for g in await admin.list_consumer_groups()}
@@ -51,7 +51,7 @@ async def group_ids(settings: Settings) -> set[str]:
 
 
 async def produce(settings: Settings, topic: str, records: list[tuple]) -> None:  # type: ignore[type-arg]
-    producer = kafka.producer(settings, acks="all")
+    producer = kafka.producer(settings.kafka, acks="all")
     await producer.start()
     try:
         for key, value, *rest in records:
@@ -63,25 +63,27 @@ async def produce(settings: Settings, topic: str, records: list[tuple]) -> None:
 
 @pytest.fixture
 def settings(make_settings: Callable[..., Settings], unique: str) -> Settings:
-    return make_settings(scoring_group_id=f"scoring-{unique}", scoring_budget_ms=10_000)
+    return make_settings(
+        STREAMRANK_SCORING_GROUP_ID=f"scoring-{unique}", STREAMRANK_SCORING_BUDGET_MS=10_000
+    )
 
 
 async def test_tail_follows_filters_and_never_joins_a_group(
     settings: Settings, unique: str, tiny_artifacts: tuple[Path, Path]
 ) -> None:
     await create_topics(settings)
-    redis = redis_client(settings)
+    redis = redis_client(settings.redis)
     try:
         version = await publish(redis, tiny_artifacts[0])
     finally:
         await redis.aclose()
     items = item_ids(tiny_artifacts[0])[:6]
-    pinned = settings.model_copy(update={"canary_split": f"{version}:1"})
+    pinned = settings.with_env(STREAMRANK_CANARY_SPLIT=f"{version}:1")
     async with running_worker(pinned), RankClient(settings=settings) as client:
         await client.rank("warm-up", items, timeout=60)
         before = await group_ids(settings)
         follow = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "workbench.cli", "tail", settings.topic_results,
+            sys.executable, "-m", "workbench.cli", "tail", settings.topics.results,
             "--follow", "--json",
             env={**os.environ, **settings.as_env()},
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -110,7 +112,7 @@ async def test_tail_follows_filters_and_never_joins_a_group(
         # tail never joined (or created) a consumer group
         assert await group_ids(settings) == before
 
-    results = settings.topic_results
+    results = settings.topics.results
     code, out, err = await cli(
         settings, "tail", results, "--from-beginning", "--user", users[2], "--json"
     )
@@ -180,7 +182,7 @@ async def test_dlq_counts_lists_and_replays_the_original_bytes_and_headers(
     settings: Settings, unique: str
 ) -> None:
     await create_topics(settings)
-    redis = redis_client(settings)
+    redis = redis_client(settings.redis)
     try:
         await redis.delete(keys.model_split())
     finally:
@@ -192,8 +194,8 @@ async def test_dlq_counts_lists_and_replays_the_original_bytes_and_headers(
         (b"u3", b"\xff not json", {}),
     ]  # fmt: skip
     async with running_worker(settings):
-        await produce(settings, settings.topic_requests, bad)
-        letters = await read_topic(settings, settings.topic_dead_letters, want=3, timeout_s=60)
+        await produce(settings, settings.topics.requests, bad)
+        letters = await read_topic(settings, settings.topics.dead_letters, want=3, timeout_s=60)
         assert len(letters) == 3
 
     code, out, err = await cli(settings, "dlq", "--json")
@@ -201,12 +203,12 @@ async def test_dlq_counts_lists_and_replays_the_original_bytes_and_headers(
     summary = orjson.loads(out)
     assert summary["total"] == 3
     assert {(r["reason"], r["source_topic"], r["count"]) for r in summary["by_reason"]} == {
-        ("bad_type", settings.topic_requests, 1),
-        ("missing_field", settings.topic_requests, 1),
-        ("not_json", settings.topic_requests, 1),
+        ("bad_type", settings.topics.requests, 1),
+        ("missing_field", settings.topics.requests, 1),
+        ("not_json", settings.topics.requests, 1),
     }
     code, out, _ = await cli(settings, "dlq")
-    assert "total" in out and "bad_type" in out and settings.topic_requests in out
+    assert "total" in out and "bad_type" in out and settings.topics.requests in out
     code, out, _ = await cli(settings, "dlq", "--list", "--reason", "not_json")
     assert "not_json" in out.splitlines()[1] and len(out.splitlines()) == 2
 
@@ -217,10 +219,10 @@ async def test_dlq_counts_lists_and_replays_the_original_bytes_and_headers(
     assert await request_topic_end(settings) == ends_before
 
     code, out, _ = await cli(
-        settings, "dlq", "--replay", "--source-topic", settings.topic_requests, "--yes"
+        settings, "dlq", "--replay", "--source-topic", settings.topics.requests, "--yes"
     )
     assert "replayed 3 dead letters" in out, out
-    everything = await read_all(settings, settings.topic_requests, want=6)
+    everything = await read_all(settings, settings.topics.requests, want=6)
     assert len(everything) == 6
     replayed = everything[3:]
     assert sorted(r.value for r in replayed) == sorted(v for _k, v, _o in bad)
@@ -234,12 +236,14 @@ async def test_dlq_counts_lists_and_replays_the_original_bytes_and_headers(
 
 
 async def request_topic_end(settings: Settings) -> int:
-    consumer = kafka.consumer(settings, group_id=None, enable_auto_commit=False)
+    consumer = kafka.consumer(settings.kafka, group_id=None, enable_auto_commit=False)
     await consumer.start()
     try:
         from aiokafka import TopicPartition
 
-        tps = [TopicPartition(settings.topic_requests, p) for p in range(settings.topic_partitions)]
+        tps = [
+            TopicPartition(settings.topics.requests, p) for p in range(settings.topics.partitions)
+        ]
         return sum((await kafka.end_offsets(consumer, tps)).values())
     finally:
         await consumer.stop()
@@ -247,7 +251,7 @@ async def request_topic_end(settings: Settings) -> int:
 
 async def read_all(settings: Settings, topic: str, *, want: int) -> list:  # type: ignore[type-arg]
     """Every record of ``topic`` (at least ``want``), oldest first."""
-    consumer = kafka.consumer(settings, topic, group_id=None, enable_auto_commit=False,
+    consumer = kafka.consumer(settings.kafka, topic, group_id=None, enable_auto_commit=False,
                               auto_offset_reset="earliest")  # fmt: skip
     await consumer.start()
     out: list = []  # type: ignore[type-arg]

@@ -16,9 +16,9 @@ async def test_lag_is_end_offset_minus_committed(
     make_settings: Callable[..., Settings], unique: str
 ) -> None:
     settings = make_settings()
-    topic = settings.topic_clicks
+    topic = settings.topics.clicks
     await create_topics(settings, partitions=2, topics=(topic,))
-    producer = AIOKafkaProducer(**settings.kafka_client_kwargs())
+    producer = AIOKafkaProducer(**settings.kafka.client_kwargs())
     await producer.start()
     try:
         for _ in range(7):
@@ -34,7 +34,7 @@ async def test_lag_is_end_offset_minus_committed(
         (1, 3, None, 3),
     ]
     consumer = AIOKafkaConsumer(
-        **settings.kafka_client_kwargs(), group_id=group, enable_auto_commit=False
+        **settings.kafka.client_kwargs(), group_id=group, enable_auto_commit=False
     )
     await consumer.start()
     try:

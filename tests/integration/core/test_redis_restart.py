@@ -41,9 +41,9 @@ async def test_no_command_fails_on_a_connection_the_restart_killed(
 ) -> None:
     server = RedisServer(port=free_port(), run_dir=tmp_path, persist="aof")
     server.start()
-    settings = Settings(redis_url=server.url, redis_timeout_s=2.0)
+    settings = Settings().with_env(STREAMRANK_REDIS_URL=server.url, STREAMRANK_REDIS_TIMEOUT_S=2.0)
     client = (
-        redis_client(settings)
+        redis_client(settings.redis)
         if make == "settings"
         else client_for_url(server.url, socket_timeout=2)
     )

@@ -206,7 +206,7 @@ def test_dense_weights_setting_reaches_the_workers_scorer(stack: StackInfo, tmp_
     async def check(client: Any) -> None:
         await publish_artifact(client, art, progress=False)
         for dense in ("fp32", "int8"):
-            settings = stack.settings(scoring_dense_weights=dense)
+            settings = stack.settings(STREAMRANK_SCORING_DENSE_WEIGHTS=dense)
             _, _, loader = real_dependencies(settings, client, ScoringMetrics())
             scorer = await loader(art.version)
             assert scorer.dense == dense

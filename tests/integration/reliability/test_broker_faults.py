@@ -51,7 +51,7 @@ async def test_broker_unreachable_at_start_then_appears(
     """Both workers start before the broker: one clear line each, retries with back-off, and
     they serve once it is up (a pod that starts first does not crash-loop)."""
     with rig(make_settings, unique, tmp_path, tiny_artifacts[0],
-             kafka_bootstrap=broker.bootstrap) as r:  # fmt: skip
+             STREAMRANK_KAFKA_BOOTSTRAP=broker.bootstrap) as r:  # fmt: skip
         features = r.worker("features", "features", ready=False)
         scoring = r.worker("scoring", "scoring", ready=False)
         for worker in (features, scoring):
@@ -81,8 +81,8 @@ async def test_broker_unreachable_past_the_limit_is_a_clear_exit(
     tiny_artifacts: tuple[Path, Path],
 ) -> None:  # fmt: skip
     nowhere = f"127.0.0.1:{free_port()}"
-    with rig(make_settings, unique, tmp_path, tiny_artifacts[0], kafka_bootstrap=nowhere,
-             kafka_start_timeout_s=3) as r:  # fmt: skip
+    with rig(make_settings, unique, tmp_path, tiny_artifacts[0], STREAMRANK_KAFKA_BOOTSTRAP=nowhere,
+             STREAMRANK_KAFKA_START_TIMEOUT_S=3) as r:  # fmt: skip
         workers = [r.worker(kind, kind, ready=False) for kind in ("features", "scoring")]
         for worker in workers:
             worker.process.wait(90)
@@ -102,7 +102,7 @@ async def test_broker_stalled_10s_under_load(
     request is lost."""
     await asyncio.to_thread(broker.start)
     with rig(make_settings, unique, tmp_path, tiny_artifacts[0],
-             kafka_bootstrap=broker.bootstrap) as r:  # fmt: skip
+             STREAMRANK_KAFKA_BOOTSTRAP=broker.bootstrap) as r:  # fmt: skip
         await r.prepare()
         features, scoring = r.worker("features", "features"), r.worker("scoring", "scoring")
         r.drive(seconds=35, click_rate=50, request_rate=30, drain_s=120)
@@ -117,7 +117,7 @@ async def test_broker_stalled_10s_under_load(
         assert_alive(features, scoring)
     assert_all_answered(run)
     assert_degraded_only_within(
-        run, [(stalled_at - r.settings.scoring_budget_ms, resumed_at + 15_000)],
+        run, [(stalled_at - r.settings.scoring.budget_ms, resumed_at + 15_000)],
         reasons={"expired"},
     )  # fmt: skip
     assert run.degraded(), "a 10 s stall with a 3 s budget must expire some requests"

@@ -27,7 +27,9 @@ async def test_features_worker_killed_mid_batch_and_restarted(
     """Killed twice while it applies a steady 300 clicks/s (batches of up to 200 in flight),
     restarted each time: every click is applied once, none lost (what was written but not
     committed is redelivered and found already applied by its seen-marker)."""
-    with rig(make_settings, unique, tmp_path, tiny_artifacts[0], features_batch_size=200) as r:
+    with rig(
+        make_settings, unique, tmp_path, tiny_artifacts[0], STREAMRANK_FEATURES_BATCH_SIZE=200
+    ) as r:
         await r.prepare()
         worker = r.worker("features", "features-1")
         r.drive(seconds=25, click_rate=300, users=60)

@@ -60,15 +60,15 @@ def hostile(
     tmp = tmp_path_factory.mktemp("hostile")
     with private_redis(tmp / "redis", persist="none") as server:
         s = stack.settings(
-            redis_url=server.url, topic_clicks=f"clicks-{tag}", topic_requests=f"requests-{tag}",
-            topic_results=f"results-{tag}", topic_dead_letters=f"dead-{tag}",
-            features_app_id=f"features-{tag}", scoring_group_id=f"scoring-{tag}",
-            scoring_budget_ms=10_000, sequence_length=100_000,
+            STREAMRANK_REDIS_URL=server.url, STREAMRANK_TOPIC_CLICKS=f"clicks-{tag}", STREAMRANK_TOPIC_REQUESTS=f"requests-{tag}",
+            STREAMRANK_TOPIC_RESULTS=f"results-{tag}", STREAMRANK_TOPIC_DEAD_LETTERS=f"dead-{tag}",
+            STREAMRANK_FEATURES_APP_ID=f"features-{tag}", STREAMRANK_SCORING_GROUP_ID=f"scoring-{tag}",
+            STREAMRANK_SCORING_BUDGET_MS=10_000, STREAMRANK_SEQUENCE_LENGTH=100_000,
         )  # fmt: skip
 
         async def prepare() -> None:
             await create_topics(s)
-            client = redis_client(s)
+            client = redis_client(s.redis)
             try:
                 await client.set(keys.active_model(), await publish(client, tiny_artifacts[0]))
             finally:
@@ -94,7 +94,7 @@ async def produce(
     settings: Settings, topic: str, messages: Sequence[Message]
 ) -> list[tuple[int, int]]:
     """Send each message as it is; its (partition, offset)."""
-    producer = AIOKafkaProducer(**settings.kafka_client_kwargs(), acks="all", linger_ms=5,
+    producer = AIOKafkaProducer(**settings.kafka.client_kwargs(), acks="all", linger_ms=5,
                                 max_request_size=16 * 1024 * 1024)  # fmt: skip
     await producer.start()
     try:
@@ -108,7 +108,7 @@ async def read_all(settings: Settings, topic: str, *, until: Any, timeout_s: flo
     """Every record of ``topic`` from the beginning, re-read until ``until(records)`` holds."""
     deadline = time.monotonic() + timeout_s
     while True:
-        consumer = AIOKafkaConsumer(topic, **settings.kafka_client_kwargs(),
+        consumer = AIOKafkaConsumer(topic, **settings.kafka.client_kwargs(),
                                     auto_offset_reset="earliest", enable_auto_commit=False,
                                     fetch_max_bytes=64 * 1024 * 1024,
                                     max_partition_fetch_bytes=64 * 1024 * 1024)  # fmt: skip
@@ -129,7 +129,7 @@ async def read_all(settings: Settings, topic: str, *, until: Any, timeout_s: flo
 
 
 async def sequences(settings: Settings, users: Sequence[str]) -> dict[str, list[str]]:
-    client = redis_client(settings, timeout_s=10)
+    client = redis_client(settings.redis, timeout_s=10)
     try:
         pipe = client.pipeline(transaction=False)
         for user in users:
@@ -149,20 +149,20 @@ async def account(
 ) -> dict[str, int]:
     """Produce both corpora and check that every message is accounted for."""
     s = h.settings
-    click_at = await produce(s, s.topic_clicks, clicks)
-    request_at = await produce(s, s.topic_requests, requests)
+    click_at = await produce(s, s.topics.clicks, clicks)
+    request_at = await produce(s, s.topics.requests, requests)
     valid_clicks = {}
     for _key, value in clicks:
         try:
             event = decode_click(value)
         except ContractError:
             continue
-        if abs(event.ts - time.time() * 1000) <= s.max_event_skew_s * 1000:
+        if abs(event.ts - time.time() * 1000) <= s.limits.max_event_skew_s * 1000:
             # the store applies each (user, event_id) once: two users' clicks sharing an
             # event_id are two events for their sequences
             valid_clicks.setdefault((event.user_id, event.event_id), event)
-    expected_letters = {(s.topic_clicks, p, o) for p, o in click_at}
-    expected_letters |= {(s.topic_requests, p, o) for p, o in request_at}
+    expected_letters = {(s.topics.clicks, p, o) for p, o in click_at}
+    expected_letters |= {(s.topics.requests, p, o) for p, o in request_at}
 
     def letters_of(records: list[Any]) -> dict[tuple[str, int, int], str]:
         out = {}
@@ -176,13 +176,13 @@ async def account(
         return len(letters_of(records).keys() & expected_letters) >= len(invalid)
 
     invalid = [
-        (s.topic_clicks, p, o)
+        (s.topics.clicks, p, o)
         for (p, o), (_k, v) in zip(click_at, clicks, strict=True)
         if not _valid_click(v, s)
     ]
-    invalid += [(s.topic_requests, p, o) for (p, o), (_k, v) in zip(request_at, requests, strict=True)
+    invalid += [(s.topics.requests, p, o) for (p, o), (_k, v) in zip(request_at, requests, strict=True)
                 if not _valid_request(v)]  # fmt: skip
-    letters = letters_of(await read_all(s, s.topic_dead_letters, until=settled, timeout_s=120))
+    letters = letters_of(await read_all(s, s.topics.dead_letters, until=settled, timeout_s=120))
     missing = [where for where in invalid if where not in letters]
     assert not missing, f"{len(missing)} invalid messages without a dead letter: {missing[:5]}"
     assert all(letters[where] for where in invalid), "a dead letter without a reason"
@@ -216,7 +216,7 @@ async def account(
     def answered(records: list[Any]) -> bool:
         return set(want) <= {orjson.loads(r.value)["request_id"] for r in records}
 
-    replies = await read_all(s, s.topic_results, until=answered, timeout_s=120)
+    replies = await read_all(s, s.topics.results, until=answered, timeout_s=120)
     got: dict[str, dict[str, Any]] = {}
     for record in replies:
         reply = orjson.loads(record.value)
@@ -237,7 +237,7 @@ def _valid_click(value: bytes, s: Settings) -> bool:
         event = decode_click(value)
     except ContractError:
         return False
-    return abs(event.ts - time.time() * 1000) <= s.max_event_skew_s * 1000
+    return abs(event.ts - time.time() * 1000) <= s.limits.max_event_skew_s * 1000
 
 
 def _valid_request(value: bytes) -> bool:
@@ -287,11 +287,13 @@ async def test_size_limits_hold_end_to_end(hostile: Hostile) -> None:
     ]  # fmt: skip
     counts = await account(hostile, clicks, requests)
     print(f"\nRELIABILITY-INPUT size limits: {orjson.dumps(counts).decode()}")
-    client = redis_client(s)
+    client = redis_client(s.redis)
     try:
         from streams.reader import FeatureReader
 
-        counters = await FeatureReader(redis=client, settings=s).get_counters(user_ids=[one_user])
+        counters = await FeatureReader(redis=client, features=s.features).get_counters(
+            user_ids=[one_user]
+        )
     finally:
         await client.aclose()
     assert counters["users"][one_user]["clicks_1h"] == 10_000

@@ -46,7 +46,7 @@ async def test_redis_killed_and_restarted_under_load(
         assert_alive(features, scoring)
     assert_all_answered(run)
     # Degraded only for requests sent while Redis was down (and until the breaker's next probe).
-    window = (down_at - r.settings.scoring_budget_ms, up_at + 5000)
+    window = (down_at - r.settings.scoring.budget_ms, up_at + 5000)
     assert_degraded_only_within(run, [window], reasons={"redis_unavailable", "breaker_open"})
     assert run.degraded(), "Redis was down for 4 s: some replies must be degraded"
     report("Redis killed (SIGKILL, 4 s down, restarted)", run, start_ms=down_at, end_ms=up_at)
@@ -59,7 +59,9 @@ async def test_redis_paused_longer_than_the_budget(
     """CLIENT PAUSE 3 s with a 400 ms request budget: the requests that cannot be served in time
     are answered degraded at their deadline (not after the pause), none is missing."""
     budget = 400
-    with rig(make_settings, unique, tmp_path, tiny_artifacts[0], scoring_budget_ms=budget) as r:
+    with rig(
+        make_settings, unique, tmp_path, tiny_artifacts[0], STREAMRANK_SCORING_BUDGET_MS=budget
+    ) as r:
         await r.prepare()
         scoring = r.worker("scoring", "scoring")
         r.drive(seconds=20, request_rate=60)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from streamrank.settings import Settings
+from streamrank.settings import ScoringSettings, Settings
 from tests.integration.support.reliability import (
     assert_alive,
     assert_all_answered,
@@ -53,7 +53,9 @@ async def test_sigterm_one_of_two_gives_no_duplicate_reply(
     """A graceful stop finishes its batches, commits and leaves the group; the survivor's
     rebalance listener commits what it answered before its partitions are reassigned. (A
     budget longer than the rebalance, so no request expires meanwhile.)"""
-    with rig(make_settings, unique, tmp_path, tiny_artifacts[0], scoring_budget_ms=10_000) as r:
+    with rig(
+        make_settings, unique, tmp_path, tiny_artifacts[0], STREAMRANK_SCORING_BUDGET_MS=10_000
+    ) as r:
         await r.prepare()
         first, second = r.worker("scoring", "s1"), r.worker("scoring", "s2")
         r.drive(seconds=25, request_rate=60)
@@ -92,9 +94,9 @@ async def test_failover_scenario_degraded_share(
     (no false failover); the degraded share is printed (docs/reliability.md) and bounded for
     the tuned settings."""
     session, heartbeat, budget, most = SCENARIOS[name]
-    with rig(make_settings, unique, tmp_path, tiny_artifacts[0], scoring_budget_ms=budget,
-             kafka_session_timeout_ms=session, kafka_heartbeat_interval_ms=heartbeat,
-             breaker_cooldown_s=Settings.model_fields["breaker_cooldown_s"].default) as r:  # fmt: skip
+    with rig(make_settings, unique, tmp_path, tiny_artifacts[0], STREAMRANK_SCORING_BUDGET_MS=budget,
+             STREAMRANK_KAFKA_SESSION_TIMEOUT_MS=session, STREAMRANK_KAFKA_HEARTBEAT_INTERVAL_MS=heartbeat,
+             STREAMRANK_BREAKER_COOLDOWN_S=ScoringSettings.model_fields["breaker_cooldown_s"].default) as r:  # fmt: skip
         await r.prepare()
         first, second = r.worker("scoring", "s1"), r.worker("scoring", "s2")
         r.drive(seconds=38, request_rate=60, users=200)

@@ -64,22 +64,22 @@ async def test_outcomes_through_kafka_equal_the_one_go_statistics(
 ) -> None:  # fmt: skip
     va, vb = await publish(redis, tiny_artifacts[0]), await publish(redis, tiny_artifacts[1])
     settings = make_settings(
-        scoring_group_id=f"scoring-{unique}", outcomes_group_id=f"outcomes-{unique}",
-        served_log_topic=f"served-{unique}", outcomes_topic=f"outcomes-{unique}",
-        canary_split=f"{va}:0.5,{vb}:0.5", scoring_budget_ms=10_000, outcome_bucket_s=1,
-        outcome_window_s=10, outcome_close_delay_s=5,  # a loaded machine lags: clicks still count
+        STREAMRANK_SCORING_GROUP_ID=f"scoring-{unique}", STREAMRANK_OUTCOMES_GROUP_ID=f"outcomes-{unique}",
+        STREAMRANK_SERVED_LOG_TOPIC=f"served-{unique}", STREAMRANK_OUTCOMES_TOPIC=f"outcomes-{unique}",
+        STREAMRANK_CANARY_SPLIT=f"{va}:0.5,{vb}:0.5", STREAMRANK_SCORING_BUDGET_MS=10_000, STREAMRANK_OUTCOME_BUCKET_S=1,
+        STREAMRANK_OUTCOME_WINDOW_S=10, STREAMRANK_OUTCOME_CLOSE_DELAY_S=5,  # a loaded machine lags: clicks still count
     )  # fmt: skip
     await create_topics(settings)
     items = item_ids(tiny_artifacts[0])[:8]
     users = [f"out-{unique}-{n}" for n in range(24)]
     start = clock.now_ms()
-    producer = AIOKafkaProducer(**settings.kafka_client_kwargs())
+    producer = AIOKafkaProducer(**settings.kafka.client_kwargs())
     await producer.start()
     clicked: dict[str, list[int]] = {}
 
     async def send_click(event_id: str, user: str, item: str) -> None:
         click = ClickEvent(event_id=event_id, user_id=user, item_id=item, ts=clock.now_ms())
-        await producer.send_and_wait(settings.topic_clicks, click.to_json(), key=user.encode())
+        await producer.send_and_wait(settings.topics.clicks, click.to_json(), key=user.encode())
 
     try:
         async with (
@@ -104,7 +104,7 @@ async def test_outcomes_through_kafka_equal_the_one_go_statistics(
                     clicked[r.request_id] = []
                     await send_click(f"c{n}-{unique}", r.user_id, "never-ranked")
             # a broken served record goes to the dead letters, the worker goes on
-            await producer.send_and_wait(str(settings.served_log_topic), b'{"request_id": 7}')
+            await producer.send_and_wait(str(settings.topics.served_log), b'{"request_id": 7}')
             by_version = {v: [r for r in results if r.model_version == v] for v in (va, vb)}
             assert all(by_version.values()), "both versions served"
             window = Window(start - 1000, clock.now_ms() + 60_000, 1)
@@ -125,7 +125,7 @@ async def test_outcomes_through_kafka_equal_the_one_go_statistics(
                     assert getattr(got, name) == pytest.approx(getattr(want, name)), name
                 assert sum(got.lat.values()) == len(rows) and got.deg == 0
             # each request's final outcome, once its window closed
-            outcomes = await read_topic(settings, str(settings.outcomes_topic), want=len(users),
+            outcomes = await read_topic(settings, str(settings.topics.outcomes), want=len(users),
                                         timeout_s=60)  # fmt: skip
             assert sorted(o["request_id"] for o in outcomes) == sorted(
                 r.request_id for r in results
@@ -135,7 +135,7 @@ async def test_outcomes_through_kafka_equal_the_one_go_statistics(
                     clicked[o["request_id"]]
                 )
             letters = [decode_dead_letter(orjson.dumps(x)) for x in
-                       await read_topic(settings, settings.topic_dead_letters, want=1)]  # fmt: skip
+                       await read_topic(settings, settings.topics.dead_letters, want=1)]  # fmt: skip
             assert [d.reason for d in letters] == ["bad_type"]
             assert worker.metrics.closed._value.get() == len(users)
             # the online gauges, per version and window, from the same statistics
@@ -154,7 +154,7 @@ async def test_outcomes_through_kafka_equal_the_one_go_statistics(
     finally:
         await producer.stop()
     # both streams delivered again (a new group reads everything): nothing changes
-    again = settings.model_copy(update={"outcomes_group_id": f"again-{unique}"})
+    again = settings.with_env(STREAMRANK_OUTCOMES_GROUP_ID=f"again-{unique}")
     async with outcomes_worker(again) as second:
         await wait_for(lambda: second.metrics.served.labels("duplicate")._value.get() == len(users),
                        timeout_s=60, what="the redelivered served records")  # fmt: skip

@@ -50,8 +50,8 @@ async def test_unusable_versions_are_refused_and_the_previous_keeps_serving(
 ) -> None:  # fmt: skip
     caplog.set_level(logging.ERROR, logger="scoring.serving.watcher")
     with private_redis(tmp_path) as server:
-        settings = make_settings(redis_url=server.url, scoring_group_id=f"scoring-{unique}",
-                                 scoring_poll_s=0.1, scoring_budget_ms=10_000)  # fmt: skip
+        settings = make_settings(STREAMRANK_REDIS_URL=server.url, STREAMRANK_SCORING_GROUP_ID=f"scoring-{unique}",
+                                 STREAMRANK_SCORING_POLL_S=0.1, STREAMRANK_SCORING_BUDGET_MS=10_000)  # fmt: skip
         await create_topics(settings)
         client = aioredis.from_url(server.url)
         good = await publish(client, tiny_artifacts[0])

@@ -32,12 +32,12 @@ pytestmark = pytest.mark.timeout(180)
 def env_for(settings: Settings) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRANK_")}
     env.update(
-        STREAMRANK_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
-        STREAMRANK_REDIS_URL=settings.redis_url.get_secret_value(),
-        STREAMRANK_TOPIC_REQUESTS=settings.topic_requests,
-        STREAMRANK_TOPIC_RESULTS=settings.topic_results,
-        STREAMRANK_TOPIC_DEAD_LETTERS=settings.topic_dead_letters,
-        STREAMRANK_SCORING_GROUP_ID=settings.scoring_group_id,
+        STREAMRANK_KAFKA_BOOTSTRAP=settings.kafka.bootstrap,
+        STREAMRANK_REDIS_URL=settings.redis.url.get_secret_value(),
+        STREAMRANK_TOPIC_REQUESTS=settings.topics.requests,
+        STREAMRANK_TOPIC_RESULTS=settings.topics.results,
+        STREAMRANK_TOPIC_DEAD_LETTERS=settings.topics.dead_letters,
+        STREAMRANK_SCORING_GROUP_ID=settings.scoring.group_id,
         STREAMRANK_SCORING_BUDGET_MS="10000",
     )
     return env
@@ -55,10 +55,10 @@ def metric(text: str, name: str, **labels: str) -> float:
 async def test_worker_command_rank_command_and_metrics(
     make_settings: Callable[..., Settings], unique: str, tmp_path: Path
 ) -> None:
-    settings = make_settings(scoring_group_id=f"cli-{unique}")
+    settings = make_settings(STREAMRANK_SCORING_GROUP_ID=f"cli-{unique}")
     await create_topics(settings)
     artifact = train_tiny_artifact(tmp_path, seed=5)
-    redis = redis_client(settings)
+    redis = redis_client(settings.redis)
     version = await publish(redis, artifact)
     await redis.aclose()
     items = item_ids(artifact)[:3]
@@ -93,13 +93,13 @@ async def test_worker_command_rank_command_and_metrics(
                 "streamrank_scoring_requests_total",
                 outcome="ok",
                 reason="",
-                topic=settings.topic_results,  # labels in the order /metrics prints them
+                topic=settings.topics.results,  # labels in the order /metrics prints them
             )
             == 1.0
         )
         assert metric(text, "streamrank_scoring_model_info", encoding="int8", version=version) == 1
         assert metric(text, "streamrank_scoring_model_loaded") == 1.0
-        assert metric(text, "streamrank_scoring_assigned_partitions") == settings.topic_partitions
+        assert metric(text, "streamrank_scoring_assigned_partitions") == settings.topics.partitions
         assert metric(text, "streamrank_scoring_rebalances_total") >= 1
         assert metric(text, "streamrank_scoring_commits_total", result="ok") >= 1
         lags = [
@@ -142,7 +142,7 @@ async def test_client_times_out_clearly_and_ignores_duplicate_replies(
         assert time.monotonic() - started < 5
         # a reply arriving late, and twice, for a request nobody waits for any more
         late = RankResult(f"lost-{unique}", "u1", ("a",), (0.5,), "v", served_at=1)
-        producer = AIOKafkaProducer(**settings.kafka_client_kwargs())
+        producer = AIOKafkaProducer(**settings.kafka.client_kwargs())
         await producer.start()
         try:
             pending = asyncio.ensure_future(client.rank("u2", ["b"], timeout=10,
@@ -150,7 +150,7 @@ async def test_client_times_out_clearly_and_ignores_duplicate_replies(
             await asyncio.sleep(0.2)
             live = RankResult(f"live-{unique}", "u2", ("b",), (0.7,), "v", served_at=2)
             for result in (late, late, live, live):
-                await producer.send_and_wait(settings.topic_results, result.to_json(),
+                await producer.send_and_wait(settings.topics.results, result.to_json(),
                                              key=result.request_id.encode())  # fmt: skip
         finally:
             await producer.stop()

@@ -35,7 +35,7 @@ async def test_the_watcher_stops_whichever_iteration_of_a_poll_the_cancel_lands_
     make_settings: Callable[..., Settings],
 ) -> None:
     settings = make_settings()
-    redis = redis_client(settings)
+    redis = redis_client(settings.redis)
     try:
         for turns in range(40):
             watcher = VersionWatcher(

@@ -55,10 +55,10 @@ async def versions(redis: aioredis.Redis, tiny_artifacts: tuple[Path, Path]) -> 
 
 def worker_settings(make_settings: Callable[..., Settings], unique: str, **kw: object) -> Settings:
     base: dict[str, object] = {
-        "scoring_group_id": f"scoring-{unique}",
-        "scoring_budget_ms": 10_000,  # a loaded CI machine must not turn replies into "expired"
-        "scoring_poll_s": 0.2,
-        "breaker_cooldown_s": 0.5,
+        "STREAMRANK_SCORING_GROUP_ID": f"scoring-{unique}",
+        "STREAMRANK_SCORING_BUDGET_MS": 10_000,  # a loaded CI machine must not turn replies into "expired"
+        "STREAMRANK_SCORING_POLL_S": 0.2,
+        "STREAMRANK_BREAKER_COOLDOWN_S": 0.5,
     }
     base.update(kw)
     return make_settings(**base)
@@ -91,7 +91,7 @@ async def test_normal_path_cold_start_and_oov(
     # an unknown item is scored with the table's OOV row: same as any other unknown id
     oov_other = await offline_scores(redis, va, history, ["another-unknown"])
     assert result.scores[3] == pytest.approx(float(oov_other[0]), abs=1e-5)
-    ok = worker.metrics.requests.labels("ok", "", settings.topic_results)._value.get()
+    ok = worker.metrics.requests.labels("ok", "", settings.topics.results)._value.get()
     assert ok == 2
     assert await committed_total(settings) == 2  # both answered requests are committed
 
@@ -110,7 +110,7 @@ async def test_expired_deadline_gets_a_degraded_reply_without_compute(
         assert "forward" not in result.timings_ms
         assert (
             worker.metrics.requests.labels(
-                "degraded", "expired", settings.topic_results
+                "degraded", "expired", settings.topics.results
             )._value.get()
             == 1
         )
@@ -120,8 +120,8 @@ async def test_bad_requests_go_to_dead_letters_with_error_replies(
     make_settings: Callable[..., Settings], unique: str, versions: tuple[str, str]
 ) -> None:
     allowed = f"svc-replies-{unique}"
-    settings = worker_settings(make_settings, unique, max_items_per_request=5, max_id_length=40,
-                               reply_topics_allowed=(allowed,))  # fmt: skip
+    settings = worker_settings(make_settings, unique, STREAMRANK_MAX_ITEMS_PER_REQUEST=5, STREAMRANK_MAX_ID_LENGTH=40,
+                               STREAMRANK_REPLY_TOPICS_ALLOWED=(allowed,))  # fmt: skip
     await create_topics(settings)
     await create_topics(settings, topics=(allowed,))
     bad = [
@@ -134,7 +134,7 @@ async def test_bad_requests_go_to_dead_letters_with_error_replies(
                 "request_id": "bad-reply",
                 "user_id": "u",
                 "items": ["a"],
-                "reply_to": settings.topic_clicks,
+                "reply_to": settings.topics.clicks,
             }
         ),
         # invalid, but names an allowed reply topic: the error reply goes there
@@ -144,11 +144,11 @@ async def test_bad_requests_go_to_dead_letters_with_error_replies(
     ]
     async with running_worker(settings), RankClient(settings=settings) as client:
         await client.rank("warm", ["a"], timeout=30)
-        producer = AIOKafkaProducer(**settings.kafka_client_kwargs())
+        producer = AIOKafkaProducer(**settings.kafka.client_kwargs())
         await producer.start()
         try:
             for raw in bad:
-                await producer.send_and_wait(settings.topic_requests, raw, key=b"u")
+                await producer.send_and_wait(settings.topics.requests, raw, key=b"u")
         finally:
             await producer.stop()
         with pytest.raises(RankRejected, match="empty_items"):
@@ -159,14 +159,14 @@ async def test_bad_requests_go_to_dead_letters_with_error_replies(
         async with RankClient(settings=settings, reply_topic=allowed) as other:
             routed = await other.rank("u1", ["a"], timeout=10)
             assert not routed.degraded
-    letters = await read_topic(settings, settings.topic_dead_letters, want=6)
+    letters = await read_topic(settings, settings.topics.dead_letters, want=6)
     reasons = sorted(letter["error"].split(":", 1)[0] for letter in letters)
     assert reasons == [
         "empty_items", "empty_items", "empty_items", "not_json", "too_long", "too_many_items"
     ]  # fmt: skip
-    assert {letter["source_topic"] for letter in letters} == {settings.topic_requests}
+    assert {letter["source_topic"] for letter in letters} == {settings.topics.requests}
     assert any(letter["payload"] == "{not json" for letter in letters)
-    results = await read_topic(settings, settings.topic_results, want=20, timeout_s=3)
+    results = await read_topic(settings, settings.topics.results, want=20, timeout_s=3)
     errors = {r["request_id"]: r["reason"] for r in results if r["request_id"].startswith("bad-")}
     assert set(errors) == {"bad-empty", "bad-many", "bad-long", "bad-reply"}
     assert errors.pop("bad-reply").startswith("reply_to_not_allowed")
@@ -185,8 +185,8 @@ async def test_redis_down_gives_degraded_replies_then_back_to_normal(
     tmp_path: Path,
 ) -> None:  # fmt: skip
     with private_redis(tmp_path) as server:
-        settings = worker_settings(make_settings, unique, redis_url=server.url,
-                                   redis_timeout_s=0.2, breaker_failures=2)  # fmt: skip
+        settings = worker_settings(make_settings, unique, STREAMRANK_REDIS_URL=server.url,
+                                   STREAMRANK_REDIS_TIMEOUT_S=0.2, STREAMRANK_BREAKER_FAILURES=2)  # fmt: skip
         await create_topics(settings)
         client_redis = aioredis.from_url(server.url)
         version = await publish(client_redis, tiny_artifacts[0])
@@ -276,7 +276,7 @@ async def test_served_log_record_rescored_offline_gives_the_logged_scores(
 
     va, _ = versions
     log_topic = f"served-{unique}"
-    settings = worker_settings(make_settings, unique, served_log_topic=log_topic)
+    settings = worker_settings(make_settings, unique, STREAMRANK_SERVED_LOG_TOPIC=log_topic)
     await create_topics(settings)
     await create_topics(settings, topics=(log_topic,))
     known = item_ids(tiny_artifacts[0])
@@ -316,12 +316,12 @@ async def test_batch_fetched_after_a_rewind_commits_normally(
     from schemas import RankRequest
     from scoring.serving.worker import ScoringWorker
 
-    producer = AIOKafkaProducer(**settings.kafka_client_kwargs())
+    producer = AIOKafkaProducer(**settings.kafka.client_kwargs())
     await producer.start()
     try:
         for k in range(3):
             request = RankRequest(f"r{k}-{unique}", f"u{k}", ("a", "b"))
-            await producer.send_and_wait(settings.topic_requests, request.to_json(), key=b"u")
+            await producer.send_and_wait(settings.topics.requests, request.to_json(), key=b"u")
     finally:
         await producer.stop()
 
@@ -352,7 +352,7 @@ async def test_an_idle_worker_commits_what_the_interval_held_back(
 ) -> None:
     """With a long commit interval the last answered batch is not yet due; once no request
     arrives it is committed anyway, so the group's lag reaches 0 while the worker runs."""
-    settings = worker_settings(make_settings, unique, scoring_commit_interval_ms=600_000)
+    settings = worker_settings(make_settings, unique, STREAMRANK_SCORING_COMMIT_INTERVAL_MS=600_000)
     await create_topics(settings)
     async with running_worker(settings), RankClient(settings=settings) as client:
         for n in range(3):
@@ -383,12 +383,12 @@ async def test_a_batch_of_a_partition_moved_away_meanwhile_is_answered_without_c
     try:
         value = RankRequest(f"r-moved-{unique}", "u1", ("a", "b")).to_json()
         moved = ConsumerRecord(
-            topic=settings.topic_requests, partition=settings.topic_partitions + 5, offset=0,
+            topic=settings.topics.requests, partition=settings.topics.partitions + 5, offset=0,
             timestamp=int(time.time() * 1000), timestamp_type=0, key=b"u1", value=value,
             checksum=None, serialized_key_size=2, serialized_value_size=len(value), headers=(),
         )  # fmt: skip
         assert await worker.process([moved]) is True
-        [reply] = await read_topic(settings, settings.topic_results, want=1)
+        [reply] = await read_topic(settings, settings.topics.results, want=1)
         assert reply["request_id"] == f"r-moved-{unique}"
     finally:
         await worker.stop()

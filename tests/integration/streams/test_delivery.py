@@ -37,9 +37,11 @@ def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 async def total_clicks(settings: Settings, users: list[str]) -> int:
-    client = redis_client(settings)
+    client = redis_client(settings.redis)
     try:
-        counters = await FeatureReader(redis=client, settings=settings).get_counters(user_ids=users)
+        counters = await FeatureReader(redis=client, features=settings.features).get_counters(
+            user_ids=users
+        )
     finally:
         await client.aclose()
     return sum(c["clicks_1h"] for c in counters["users"].values())
@@ -52,10 +54,10 @@ async def test_redis_down_then_back_loses_nothing(
     make_settings, unique, tmp_path, private_redis
 ) -> None:  # type: ignore[no-untyped-def]
     settings = make_settings(
-        features_app_id=f"features-{unique}",
-        redis_url=private_redis.url,
-        sequence_length=1000,
-        features_retry_max_s=0.5,
+        STREAMRANK_FEATURES_APP_ID=f"features-{unique}",
+        STREAMRANK_REDIS_URL=private_redis.url,
+        STREAMRANK_SEQUENCE_LENGTH=1000,
+        STREAMRANK_FEATURES_RETRY_MAX_S=0.5,
     )
     worker = start_worker("features", settings, log_path=tmp_path / "worker.log", metrics_port=None)
     users = [f"u{i}-{unique}" for i in range(5)]
@@ -98,16 +100,18 @@ async def test_redis_down_then_back_loses_nothing(
 
 async def test_two_workers_one_killed_the_other_continues(make_settings, unique, tmp_path) -> None:  # type: ignore[no-untyped-def]
     ports = (free_port(), free_port())
-    base = make_settings(features_app_id=f"features-{unique}", sequence_length=1000)
+    base = make_settings(
+        STREAMRANK_FEATURES_APP_ID=f"features-{unique}", STREAMRANK_SEQUENCE_LENGTH=1000
+    )
     first = start_worker(
         "features",
-        base.model_copy(update={"metrics_port": ports[0]}),
+        base.with_env(STREAMRANK_METRICS_PORT=ports[0]),
         log_path=tmp_path / "w1.log",
         metrics_port=None,
     )
     second = start_worker(
         "features",
-        base.model_copy(update={"metrics_port": ports[1]}),
+        base.with_env(STREAMRANK_METRICS_PORT=ports[1]),
         log_path=tmp_path / "w2.log",
         metrics_port=None,
     )

@@ -48,9 +48,11 @@ async def applied_exactly_once(settings: Settings, users: list[str], unique: str
     """Every one of the first ``n`` clicks is in its user's sequence, and counted once."""
     members = await sequence_members(settings, users)
     assert sorted(e for m in members.values() for e in m) == [f"{unique}-{i:05d}" for i in range(n)]
-    client = redis_client(settings)
+    client = redis_client(settings.redis)
     try:
-        counters = await FeatureReader(redis=client, settings=settings).get_counters(user_ids=users)
+        counters = await FeatureReader(redis=client, features=settings.features).get_counters(
+            user_ids=users
+        )
     finally:
         await client.aclose()
     assert sum(c["clicks_1h"] for c in counters["users"].values()) == n
@@ -86,10 +88,10 @@ async def test_readonly_during_a_failover_is_retried_and_nothing_is_lost(
         private_redis(tmp_path / "b", persist="none") as standby,
     ):
         settings = make_settings(
-            features_app_id=f"features-{unique}",
-            redis_url=primary.url,
-            sequence_length=1000,
-            features_retry_max_s=0.3,
+            STREAMRANK_FEATURES_APP_ID=f"features-{unique}",
+            STREAMRANK_REDIS_URL=primary.url,
+            STREAMRANK_SEQUENCE_LENGTH=1000,
+            STREAMRANK_FEATURES_RETRY_MAX_S=0.3,
         )
         a, b = primary.client(), standby.client()
         b.replicaof("127.0.0.1", primary.port)
@@ -131,10 +133,10 @@ async def test_loading_after_a_restart_is_retried_and_nothing_is_lost(
     users = [f"ld{i}-{unique}" for i in range(5)]
     with private_redis(tmp_path, persist="rdb") as server:
         settings = make_settings(
-            features_app_id=f"features-{unique}",
-            redis_url=server.url,
-            sequence_length=1000,
-            features_retry_max_s=0.3,
+            STREAMRANK_FEATURES_APP_ID=f"features-{unique}",
+            STREAMRANK_REDIS_URL=server.url,
+            STREAMRANK_SEQUENCE_LENGTH=1000,
+            STREAMRANK_FEATURES_RETRY_MAX_S=0.3,
         )
         sync = server.client()
         # Something to load: 3,000 uncompressed 10 KB values. Redis 6.2 answers clients every
@@ -173,13 +175,14 @@ async def test_a_batch_applied_before_the_connection_dropped_is_not_applied_twic
     with private_redis(tmp_path, persist="none") as server:
         async with ReplyDroppingProxy(server.port) as proxy:
             settings = make_settings(
-                redis_url=f"redis://127.0.0.1:{proxy.port}/0", sequence_length=1000
+                STREAMRANK_REDIS_URL=f"redis://127.0.0.1:{proxy.port}/0",
+                STREAMRANK_SEQUENCE_LENGTH=1000,
             )
             processor = FeatureProcessor(
                 settings=settings, metrics=FeatureMetrics(CollectorRegistry())
             )
             records = [
-                Record(settings.topic_clicks, 0, offset, key, value, time.time())
+                Record(settings.topics.clicks, 0, offset, key, value, time.time())
                 for offset, (key, value) in enumerate(clicks(unique, users, 0, 50))
             ]
             try:
@@ -188,7 +191,7 @@ async def test_a_batch_applied_before_the_connection_dropped_is_not_applied_twic
                 again = await processor.process(records)  # its reply is lost, then retried
             finally:
                 await processor.stop()
-            direct = settings.model_copy(update={"redis_url": SecretStr(server.url)})
+            direct = settings.with_env(STREAMRANK_REDIS_URL=SecretStr(server.url))
             assert proxy.dropped == 1
             assert first.applied == 10
             # The run whose reply was lost applied the other 40; the retry found every marker.

@@ -47,7 +47,7 @@ async def test_features_follow_the_master_through_a_sentinel_failover(
     sentinel = LocalSentinel(run_dir=tmp_path / "sentinel")
     await asyncio.to_thread(sentinel.start)
     try:
-        settings = make_settings(**sentinel.settings(), redis_wait_replicas=1)
+        settings = make_settings(**sentinel.settings(), STREAMRANK_REDIS_WAIT_REPLICAS=1)
         users = [f"{unique}-u{n}" for n in range(12)]
         processor = FeatureProcessor(settings=settings, metrics=FeatureMetrics(CollectorRegistry()))
         await processor.start()
@@ -70,9 +70,9 @@ async def test_features_follow_the_master_through_a_sentinel_failover(
             await processor.stop()
         assert sentinel.current_master_port() == sentinel.replica_port  # the replica took over
 
-        client = redis_client(settings)
+        client = redis_client(settings.redis)
         try:
-            reader = FeatureReader(redis=client, settings=settings)
+            reader = FeatureReader(redis=client, features=settings.features)
             counters = await reader.get_counters(user_ids=users, at_ms=now)
             sequences = await reader.get_sequences(users)
             info = await client.info("server")
@@ -81,7 +81,8 @@ async def test_features_follow_the_master_through_a_sentinel_failover(
         assert int(info["tcp_port"]) == sentinel.replica_port  # the client found the new master
         assert sum(c["clicks_24h"] for c in counters["users"].values()) == sent  # once each
         assert all(
-            len(s) == min(sent // len(users), settings.sequence_length) for s in sequences.values()
+            len(s) == min(sent // len(users), settings.features.sequence_length)
+            for s in sequences.values()
         )
         assert sent > 500
     finally:

@@ -26,11 +26,11 @@ def batch_for(
     return assemble(
         events,
         now_ms=now_ms,
-        windows=windows_from_settings(settings),
-        lateness_s=settings.counter_lateness_s,
-        sequence_length=settings.sequence_length,
-        sequence_ttl_s=settings.sequence_ttl_s,
-        dedupe_ttl_s=settings.dedupe_ttl_s,
+        windows=windows_from_settings(settings.features),
+        lateness_s=settings.features.counter_lateness_s,
+        sequence_length=settings.features.sequence_length,
+        sequence_ttl_s=settings.features.sequence_ttl_s,
+        dedupe_ttl_s=settings.features.dedupe_ttl_s,
         slot_of=slot_of,
     )
 
@@ -54,7 +54,7 @@ async def test_sequence_order_out_of_order_arrivals_and_redelivery(
 ) -> None:  # type: ignore[no-untyped-def]
     settings = make_settings()
     write = writer_for(settings, redis)
-    reader = FeatureReader(redis=redis, settings=settings)
+    reader = FeatureReader(redis=redis, features=settings.features)
     user = f"u-{unique}"
     now = int(time.time() * 1000)
     # Same-second ties are ordered by event_id; later batches bring older events.
@@ -87,9 +87,11 @@ async def test_sequence_order_out_of_order_arrivals_and_redelivery(
 
 
 async def test_cap_drops_oldest_and_ttls_are_set(make_settings, redis, unique) -> None:  # type: ignore[no-untyped-def]
-    settings = make_settings(sequence_length=5, sequence_ttl_s=1000, dedupe_ttl_s=500)
+    settings = make_settings(
+        STREAMRANK_SEQUENCE_LENGTH=5, STREAMRANK_SEQUENCE_TTL_S=1000, STREAMRANK_DEDUPE_TTL_S=500
+    )
     write = writer_for(settings, redis)
-    reader = FeatureReader(redis=redis, settings=settings)
+    reader = FeatureReader(redis=redis, features=settings.features)
     user = f"u-{unique}"
     now = int(time.time() * 1000)
     events = [
@@ -105,18 +107,22 @@ async def test_cap_drops_oldest_and_ttls_are_set(make_settings, redis, unique) -
     # the item side's marker lives as long as the dedupe window (shorter than the buckets here)
     marker = keys.item_seen(keys.item_shard("i3"), f"{unique}-0003")
     assert 490_000 <= await redis.pttl(marker) <= 500_000
-    fine, _coarse = windows_from_settings(settings)
+    fine, _coarse = windows_from_settings(settings.features)
     # The bucket of the newest event (not of `now`: a bucket boundary may fall in between).
     bucket = events[-1].ts // 1000 // fine.resolution_s * fine.resolution_s
-    expire_at = (bucket + fine.resolution_s + 3600 + settings.counter_lateness_s) * 1000
+    expire_at = (bucket + fine.resolution_s + 3600 + settings.features.counter_lateness_s) * 1000
     ttl = await redis.pttl(keys.user_counter_bucket(user, fine.resolution_s, bucket))
     assert abs((int(time.time() * 1000) + ttl) - expire_at) < 2000
 
 
 async def test_windows_follow_event_time_and_buckets_expire(make_settings, redis, unique) -> None:  # type: ignore[no-untyped-def]
-    settings = make_settings(counter_bucket_s=60, counter_coarse_bucket_s=600, counter_lateness_s=0)
+    settings = make_settings(
+        STREAMRANK_COUNTER_BUCKET_S=60,
+        STREAMRANK_COUNTER_COARSE_BUCKET_S=600,
+        STREAMRANK_COUNTER_LATENESS_S=0,
+    )
     write = writer_for(settings, redis)
-    reader = FeatureReader(redis=redis, settings=settings)
+    reader = FeatureReader(redis=redis, features=settings.features)
     user, item_a, item_b = f"u-{unique}", f"ia-{unique}", f"ib-{unique}"
     now = int(time.time() * 1000)
     hour, minute = 3600 * 1000, 60 * 1000
@@ -160,7 +166,7 @@ async def connections_received(redis: Any) -> int:
 
 async def test_reads_are_one_round_trip_for_a_batch(make_settings, redis, unique) -> None:  # type: ignore[no-untyped-def]
     settings = make_settings()
-    reader = FeatureReader(redis=redis, settings=settings)
+    reader = FeatureReader(redis=redis, features=settings.features)
     await reader.get_sequences(["warm-up"])  # a connection to every node that may be read
     await reader.get_counters(user_ids=["warm-up"], item_ids=[str(i) for i in range(40)])
     before = await connections_received(redis)
@@ -179,8 +185,8 @@ async def test_a_batch_split_by_slot_equals_one_call_and_a_partial_write_is_retr
     """The cluster path (one call per hash slot) leaves the same state as one call for the
     whole batch; and after a partial failure (some calls applied, some not) the batch sent
     again applies every event exactly once: each slot's markers gate its own effects."""
-    settings = make_settings(sequence_length=6)
-    reader = FeatureReader(redis=redis, settings=settings)
+    settings = make_settings(STREAMRANK_SEQUENCE_LENGTH=6)
+    reader = FeatureReader(redis=redis, features=settings.features)
     now = int(time.time() * 1000)
     rng = random.Random(9)
     raw = [(f"{i:03d}", rng.randrange(8), rng.randrange(30), now - rng.randrange(90_000)) for i in range(150)]  # fmt: skip
@@ -228,9 +234,9 @@ async def test_a_batch_split_by_slot_equals_one_call_and_a_partial_write_is_retr
 async def test_batches_commute_so_two_can_be_in_flight(make_settings, redis, unique) -> None:  # type: ignore[no-untyped-def]
     """Applying batch A then B leaves the same state as B then A (cap, dedupe, counters): the
     worker may therefore run the next batch's script before the previous one finished."""
-    settings = make_settings(sequence_length=4)
+    settings = make_settings(STREAMRANK_SEQUENCE_LENGTH=4)
     write = writer_for(settings, redis)
-    reader = FeatureReader(redis=redis, settings=settings)
+    reader = FeatureReader(redis=redis, features=settings.features)
     now = int(time.time() * 1000)
     rng = random.Random(5)
     raw = [

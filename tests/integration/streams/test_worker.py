@@ -35,8 +35,8 @@ from workbench.devstack.services import free_port
 async def topic_ends(settings: Settings) -> dict[int, int]:
     """Next offset of each partition, found by reading the topic (offsets are contiguous)."""
     consumer = AIOKafkaConsumer(
-        settings.topic_clicks,
-        **settings.kafka_client_kwargs(),
+        settings.topics.clicks,
+        **settings.kafka.client_kwargs(),
         auto_offset_reset="earliest",
         enable_auto_commit=False,
     )
@@ -80,7 +80,7 @@ async def assert_operable(settings: Settings, port: int) -> None:
         "redis": True,
     }
     samples = await asyncio.to_thread(scrape, port)
-    assert metric(samples, "streamrank_features_assigned_partitions") == settings.topic_partitions
+    assert metric(samples, "streamrank_features_assigned_partitions") == settings.topics.partitions
     assert metric(samples, "streamrank_features_rebalances_total") >= 1
     assert metric(samples, "streamrank_features_commits_total", result="ok") >= 1
     shown = await asyncio.to_thread(
@@ -93,7 +93,7 @@ async def assert_operable(settings: Settings, port: int) -> None:
     info = orjson.loads(shown.stdout)["features"]
     assert info["total_lag"] == 0 and info["owners_from"] in ("registry", "broker"), info
     [member] = info["members"]
-    assert member["partitions"] == list(range(settings.topic_partitions))
+    assert member["partitions"] == list(range(settings.topics.partitions))
     assert member["member"].startswith("streamrank-features-"), member
     assert {row["owner"] for row in info["partitions"]} == {member["member"]}
     text = await asyncio.to_thread(
@@ -117,10 +117,10 @@ async def test_worker_applies_forwards_and_dead_letters(
 ) -> None:  # type: ignore[no-untyped-def]
     port = free_port()
     settings = make_settings(
-        features_app_id=f"features-{unique}",
-        sequence_length=1000,
-        metrics_port=port,
-        features_path=path,
+        STREAMRANK_FEATURES_APP_ID=f"features-{unique}",
+        STREAMRANK_SEQUENCE_LENGTH=1000,
+        STREAMRANK_METRICS_PORT=port,
+        STREAMRANK_FEATURES_PATH=path,
     )
     worker = start_worker("features", settings, log_path=tmp_path / "worker.log", metrics_port=None)
     try:
@@ -155,8 +155,10 @@ async def test_worker_applies_forwards_and_dead_letters(
         members = await sequence_members(settings, users)
         flat = [e for m in members.values() for e in m]
         assert len(flat) == len(set(flat)) == 320  # redeliveries not inserted twice
-        client = redis_client(settings)
-        counters = await FeatureReader(redis=client, settings=settings).get_counters(user_ids=users)
+        client = redis_client(settings.redis)
+        counters = await FeatureReader(redis=client, features=settings.features).get_counters(
+            user_ids=users
+        )
         await client.aclose()
         assert sum(c["clicks_1h"] for c in counters["users"].values()) == 320  # none counted twice
 
@@ -183,7 +185,7 @@ async def test_worker_applies_forwards_and_dead_letters(
         by_reason = {letter.error.split(":")[0]: letter for letter in letters}
         assert by_reason["not_json"].original_bytes() == b"\xff\xfe not json"
         assert by_reason["not_json"].payload_encoding == "base64"
-        assert by_reason["not_json"].source_topic == settings.topic_clicks
+        assert by_reason["not_json"].source_topic == settings.topics.clicks
         assert by_reason["not_json"].offset >= 0
 
         samples = await asyncio.to_thread(scrape, port)

@@ -27,12 +27,12 @@ def click(event_id: str, user: str, item: str, ts: int, category: str | None = "
 
 
 async def produce(settings: Settings, messages: Iterable[tuple[bytes | None, bytes]]) -> int:
-    producer = AIOKafkaProducer(**settings.kafka_client_kwargs(), acks="all", linger_ms=5)
+    producer = AIOKafkaProducer(**settings.kafka.client_kwargs(), acks="all", linger_ms=5)
     await producer.start()
     count = 0
     try:
         for key, value in messages:
-            await producer.send(settings.topic_clicks, value, key=key)
+            await producer.send(settings.topics.clicks, value, key=key)
             count += 1
         await producer.flush()
     finally:
@@ -56,7 +56,7 @@ async def poll(
 
 async def sequence_members(settings: Settings, users: Iterable[str]) -> dict[str, list[str]]:
     """Per user, the event ids in its sequence (oldest first)."""
-    client = redis_client(settings)
+    client = redis_client(settings.redis)
     try:
         pipe = NodePipeline(client)
         users = list(users)
@@ -76,8 +76,8 @@ async def read_dead_letters(
     settings: Settings, expected: int, timeout_s: float = 20
 ) -> list[DeadLetter]:
     consumer = AIOKafkaConsumer(
-        settings.topic_dead_letters,
-        **settings.kafka_client_kwargs(),
+        settings.topics.dead_letters,
+        **settings.kafka.client_kwargs(),
         auto_offset_reset="earliest",
         enable_auto_commit=False,
     )
@@ -119,15 +119,15 @@ def metric(samples: dict[Any, float], name: str, **labels: str) -> float:
 
 async def committed_offsets(settings: Settings) -> dict[int, int]:
     consumer = AIOKafkaConsumer(
-        **settings.kafka_client_kwargs(),
-        group_id=settings.features_app_id,
+        **settings.kafka.client_kwargs(),
+        group_id=settings.features.app_id,
         enable_auto_commit=False,
     )
     await consumer.start()
     try:
         offsets = {
-            p: await consumer.committed(TopicPartition(settings.topic_clicks, p))
-            for p in range(settings.topic_partitions)
+            p: await consumer.committed(TopicPartition(settings.topics.clicks, p))
+            for p in range(settings.topics.partitions)
         }
         return {p: o for p, o in offsets.items() if o is not None}
     finally:

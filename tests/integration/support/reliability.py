@@ -49,7 +49,7 @@ class Rig:
     driver: ChildProcess | None = None
 
     def with_settings(self, **update: Any) -> Settings:
-        return self.settings.model_copy(update=update)
+        return self.settings.with_env(**update)
 
     async def prepare(self) -> None:
         """Topics, and the tiny model published and active in the private Redis."""
@@ -140,15 +140,15 @@ def rig(
     server = RedisServer(port=_free_port(), run_dir=tmp / "redis", persist="aof")
     server.start()
     base: dict[str, Any] = {
-        "redis_url": server.url,
-        "scoring_group_id": f"scoring-{unique}",
-        "features_app_id": f"features-{unique}",
+        "STREAMRANK_REDIS_URL": server.url,
+        "STREAMRANK_SCORING_GROUP_ID": f"scoring-{unique}",
+        "STREAMRANK_FEATURES_APP_ID": f"features-{unique}",
         # A loaded CI machine must not turn normal replies into "expired": only faults degrade.
-        "scoring_budget_ms": 3000,
-        "scoring_poll_s": 0.5,
-        "sequence_length": 2000,  # every click of a run stays in its user's sequence
-        "features_retry_max_s": 0.5,
-        "breaker_cooldown_s": 0.5,
+        "STREAMRANK_SCORING_BUDGET_MS": 3000,
+        "STREAMRANK_SCORING_POLL_S": 0.5,
+        "STREAMRANK_SEQUENCE_LENGTH": 2000,  # every click of a run stays in its user's sequence
+        "STREAMRANK_FEATURES_RETRY_MAX_S": 0.5,
+        "STREAMRANK_BREAKER_COOLDOWN_S": 0.5,
     }
     base.update(overrides)
     the_rig = Rig(make_settings(**base), server, tmp, artifact)
@@ -172,13 +172,15 @@ async def redis_state(
     settings: Settings, users: Sequence[str]
 ) -> tuple[dict[str, list[str]], dict[str, int]]:
     """Per user: the event ids in the sequence, and the 1 h click counter."""
-    client = redis_client(settings, timeout_s=10)
+    client = redis_client(settings.redis, timeout_s=10)
     try:
         pipe = client.pipeline(transaction=False)
         for user in users:
             pipe.zrange(keys.sequence(user), 0, -1)
         members = await pipe.execute()
-        counters = await FeatureReader(redis=client, settings=settings).get_counters(user_ids=users)
+        counters = await FeatureReader(redis=client, features=settings.features).get_counters(
+            user_ids=users
+        )
     finally:
         await client.aclose()
     sequences = {u: [m.decode().split(keys.FIELD_SEP)[0] for m in ms]

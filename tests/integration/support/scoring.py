@@ -101,7 +101,7 @@ async def read_topic(
 ) -> list[Any]:
     """The first ``want`` JSON messages of a topic (from the beginning), or fewer at timeout."""
     consumer = AIOKafkaConsumer(
-        topic, **settings.kafka_client_kwargs(), auto_offset_reset="earliest",
+        topic, **settings.kafka.client_kwargs(), auto_offset_reset="earliest",
         enable_auto_commit=False, group_id=None,
     )  # fmt: skip
     await consumer.start()
@@ -146,16 +146,16 @@ async def committed_total(settings: Settings) -> int:
     from aiokafka import TopicPartition
 
     consumer = AIOKafkaConsumer(
-        **settings.kafka_client_kwargs(), group_id=settings.scoring_group_id,
+        **settings.kafka.client_kwargs(), group_id=settings.scoring.group_id,
         enable_auto_commit=False,
     )  # fmt: skip
     await consumer.start()
     try:
         await consumer._client.force_metadata_update()
-        partitions = consumer.partitions_for_topic(settings.topic_requests) or set()
+        partitions = consumer.partitions_for_topic(settings.topics.requests) or set()
         total = 0
         for p in partitions:
-            total += await consumer.committed(TopicPartition(settings.topic_requests, p)) or 0
+            total += await consumer.committed(TopicPartition(settings.topics.requests, p)) or 0
         return total
     finally:
         # stopping a consumer whose call was cancelled by wait_for's bound must not hang either

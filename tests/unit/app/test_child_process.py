@@ -44,7 +44,9 @@ def test_a_worker_process_keeps_where_its_log_starts(tmp_path: Path) -> None:
     log = tmp_path / "scoring-worker.log"
     log.write_text("scoring worker consuming rank-requests (the last run)\n")
     # Unreachable Kafka: the worker only starts, it never gets as far as consuming.
-    settings = Settings(kafka_bootstrap="127.0.0.1:1", kafka_start_timeout_s=1.0)
+    settings = Settings().with_env(
+        STREAMRANK_KAFKA_BOOTSTRAP="127.0.0.1:1", STREAMRANK_KAFKA_START_TIMEOUT_S=1.0
+    )
     worker = start_worker("scoring", settings, log_path=log, metrics_port=0)
     try:
         assert worker.log_start == len("scoring worker consuming rank-requests (the last run)\n")

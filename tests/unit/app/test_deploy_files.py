@@ -47,7 +47,7 @@ def env_names(node: Any) -> set[str]:
 def test_file_parses_and_sets_only_real_settings(path: Path) -> None:
     docs = load_all(path)
     assert docs, f"{path} is empty"
-    fields = {f"STREAMRANK_{name.upper()}" for name in Settings.model_fields}
+    fields = {field.env for field in Settings.env_fields()}
     unknown = set().union(*(env_names(doc) for doc in docs)) - fields
     assert not unknown, f"{path.name} sets variables that are not settings: {sorted(unknown)}"
 
@@ -214,8 +214,8 @@ def test_keda_scaled_objects_scale_each_worker_on_its_group_lag_up_to_the_partit
     partitions = int(settings["STREAMRANK_TOPIC_PARTITIONS"])
     defaults = Settings()
     expected = {
-        "streamrank-features": (defaults.features_app_id, defaults.topic_clicks),
-        "streamrank-scoring": (defaults.scoring_group_id, defaults.topic_requests),
+        "streamrank-features": (defaults.features.app_id, defaults.topics.clicks),
+        "streamrank-scoring": (defaults.scoring.group_id, defaults.topics.requests),
     }
     scaled = load_all(K8S / "keda/scaledobjects.yaml")
     assert {d["spec"]["scaleTargetRef"]["name"] for d in scaled} == set(expected)

@@ -9,8 +9,8 @@ README = Path(__file__).resolve().parents[3] / "README.md"
 def test_readme_settings_table_is_current() -> None:
     text = README.read_text()
     assert render_readme(text) == text, "README settings table is stale: run `make docs`"
-    for name in Settings.model_fields:
-        assert f"`STREAMRANK_{name.upper()}`" in text
+    for field in Settings.env_fields():
+        assert f"`{field.env}`" in text
 
 
 def test_readme_has_the_two_commands() -> None:

@@ -114,7 +114,11 @@ def test_dead_letters_are_filtered_by_their_payload_and_reason() -> None:
 
 
 def test_topic_kinds_follow_the_settings() -> None:
-    s = Settings(topic_results="res", served_log_topic="served", reply_topics_allowed="alt")
+    s = Settings().with_env(
+        STREAMRANK_TOPIC_RESULTS="res",
+        STREAMRANK_SERVED_LOG_TOPIC="served",
+        STREAMRANK_REPLY_TOPICS_ALLOWED="alt",
+    )
     assert [kind_of(t, s) for t in ("res", "alt", "clicks", "dead-letters", "served", "x")] == [
         "results", "results", "clicks", "dead_letters", "served", "other",
     ]  # fmt: skip

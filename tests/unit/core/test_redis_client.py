@@ -28,36 +28,42 @@ from streamrank.settings import Settings
 
 
 def test_a_cluster_url_scheme_or_the_setting_makes_a_cluster_client() -> None:
-    by_scheme = Settings(redis_url="redis+cluster://10.0.0.1:7000/0")
-    assert by_scheme.redis_is_cluster and by_scheme.redis_dsn == "redis://10.0.0.1:7000/0"
-    by_flag = Settings(redis_url="rediss://:pw@10.0.0.1:7000/0", redis_cluster=True)
-    assert by_flag.redis_is_cluster and by_flag.redis_dsn == "rediss://:pw@10.0.0.1:7000/0"
-    plain = Settings(redis_url="redis://10.0.0.1:6379/0")
-    assert not plain.redis_is_cluster
+    by_scheme = Settings().with_env(STREAMRANK_REDIS_URL="redis+cluster://10.0.0.1:7000/0")
+    assert by_scheme.redis.is_cluster and by_scheme.redis.dsn == "redis://10.0.0.1:7000/0"
+    by_flag = Settings().with_env(
+        STREAMRANK_REDIS_URL="rediss://:pw@10.0.0.1:7000/0", STREAMRANK_REDIS_CLUSTER=True
+    )
+    assert by_flag.redis.is_cluster and by_flag.redis.dsn == "rediss://:pw@10.0.0.1:7000/0"
+    plain = Settings().with_env(STREAMRANK_REDIS_URL="redis://10.0.0.1:6379/0")
+    assert not plain.redis.is_cluster
     for settings in (by_scheme, by_flag):
-        client = redis_client(settings)  # not connected yet: nothing is sent until used
+        client = redis_client(settings.redis)  # not connected yet: nothing is sent until used
         assert isinstance(client, RedisCluster) and is_cluster(client)
-        assert url_of(settings).partition("://")[0].endswith("+cluster")
-    flagged = redis_client(by_flag)
+        assert url_of(settings.redis).partition("://")[0].endswith("+cluster")
+    flagged = redis_client(by_flag.redis)
     kwargs = flagged.get_connection_kwargs()
     assert kwargs["password"] == "pw" and kwargs["socket_timeout"] == 0.25  # auth, TLS, timeouts
     assert flagged.retry.get_retries() == 1
-    assert isinstance(redis_client(plain), Redis) and not is_cluster(redis_client(plain))
-    assert url_of(plain) == "redis://10.0.0.1:6379/0"
-    assert isinstance(client_for_url(url_of(by_scheme)), RedisCluster)
+    assert isinstance(redis_client(plain.redis), Redis) and not is_cluster(
+        redis_client(plain.redis)
+    )
+    assert url_of(plain.redis) == "redis://10.0.0.1:6379/0"
+    assert isinstance(client_for_url(url_of(by_scheme.redis)), RedisCluster)
 
 
 def test_extra_startup_nodes_are_parsed_and_bad_ones_refused() -> None:
-    settings = Settings(
-        redis_url="redis+cluster://10.0.0.1:7000/0",
-        redis_cluster_nodes="10.0.0.2:7001, 10.0.0.3:7002",  # type: ignore[arg-type]
+    settings = Settings().with_env(
+        STREAMRANK_REDIS_URL="redis+cluster://10.0.0.1:7000/0",
+        STREAMRANK_REDIS_CLUSTER_NODES="10.0.0.2:7001, 10.0.0.3:7002",
     )
-    assert settings.redis_cluster_nodes == ("10.0.0.2:7001", "10.0.0.3:7002")
-    names = {n.name for n in redis_client(settings).nodes_manager.startup_nodes.values()}
+    assert settings.redis.cluster_nodes == ("10.0.0.2:7001", "10.0.0.3:7002")
+    names = {n.name for n in redis_client(settings.redis).nodes_manager.startup_nodes.values()}
     assert {"10.0.0.1:7000", "10.0.0.2:7001", "10.0.0.3:7002"} <= names
-    bad = Settings(redis_url="redis+cluster://h:1/0", redis_cluster_nodes=("nohost",))
+    bad = Settings().with_env(
+        STREAMRANK_REDIS_URL="redis+cluster://h:1/0", STREAMRANK_REDIS_CLUSTER_NODES=("nohost",)
+    )
     with pytest.raises(ValueError, match="host:port"):
-        redis_client(bad)
+        redis_client(bad.redis)
 
 
 @pytest.mark.parametrize(

@@ -14,19 +14,22 @@ from workbench.cli.main import main
 
 @pytest.mark.parametrize(
     "overrides",
-    [{"redis_url": "redis+cluster://127.0.0.1:7000/0"}, {"redis_cluster": True}],
+    [
+        {"STREAMRANK_REDIS_URL": "redis+cluster://127.0.0.1:7000/0"},
+        {"STREAMRANK_REDIS_CLUSTER": True},
+    ],
 )
 def test_a_cluster_is_refused_with_what_to_do(overrides: dict[str, object]) -> None:
-    settings = Settings(served_log_topic="served", **overrides)  # type: ignore[arg-type]
+    settings = Settings().with_env(STREAMRANK_SERVED_LOG_TOPIC="served", **overrides)
     with pytest.raises(ConfigError, match="standalone or Sentinel Redis"):
-        require_single_redis(settings)
+        require_single_redis(settings.redis)
     with pytest.raises(ConfigError, match="not cluster-safe yet"):
         OutcomesWorker(settings=settings)
 
 
 def test_standalone_and_sentinel_are_accepted() -> None:
-    require_single_redis(Settings(redis_url="redis://127.0.0.1:6379/0"))
-    require_single_redis(Settings(redis_sentinels=("127.0.0.1:26379",)))
+    require_single_redis(Settings().with_env(STREAMRANK_REDIS_URL="redis://127.0.0.1:6379/0").redis)
+    require_single_redis(Settings().with_env(STREAMRANK_REDIS_SENTINELS=("127.0.0.1:26379",)).redis)
 
 
 def test_the_cli_says_so_in_one_line(

@@ -20,7 +20,7 @@ def test_echo_answers_each_valid_request_with_zero_scores() -> None:
     good = orjson.dumps({"request_id": "r1", "user_id": "u1", "items": ["a", "b", "c"]})
     other = orjson.dumps({"request_id": "r2", "user_id": "u2", "items": ["d"]})
     records = [record(good, 0), record(b"{not json", 1), record(other, 2)]
-    out = echo_replies(records, Limits.from_settings(Settings()))
+    out = echo_replies(records, Limits.from_settings(Settings().limits))
     assert [r.request_id for r in out] == ["r1", "r2"]
     first = decode_result(out[0].to_json())  # a reply every client can read
     assert first.items == ("a", "b", "c") and first.scores == (0.0, 0.0, 0.0)
