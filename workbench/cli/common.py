@@ -1,6 +1,5 @@
-"""What every command module shares: JSON output, running coroutines (until a signal:
-:func:`streamrank.runtime.signals.run_until_signalled`), the ``worker KIND`` subparsers, and
-settings from flags."""
+"""What every command module shares: JSON output, running coroutines, the ``worker KIND``
+subparsers, and settings from flags."""
 
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ from typing import Any
 import orjson
 
 from streamrank.runtime import tasks
-from streamrank.runtime.signals import run_until_signalled as run_until_signalled
 from streamrank.settings import Settings
 
 Handler = Callable[[argparse.Namespace, Settings], int]

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from streamrank.runtime.signals import run_until_signalled
 from streamrank.settings import Settings
-from workbench.cli.common import run_until_signalled
 
 
 @contextlib.contextmanager

@@ -7,8 +7,9 @@ import argparse
 import sys
 from typing import Any
 
+from streamrank.runtime.signals import run_until_signalled
 from streamrank.settings import Settings
-from workbench.cli.common import print_json, run_until_signalled
+from workbench.cli.common import print_json
 from workbench.cli.tail import add_reading_flags, filters_from
 
 

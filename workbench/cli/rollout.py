@@ -89,7 +89,7 @@ def _print_final(state: Any, as_json: bool) -> int:
 def _start(args: argparse.Namespace, settings: Settings) -> int:
     require_single_redis(settings.redis)
     from scoring.rollout.driver import start_rollout
-    from workbench.cli.common import run_until_signalled
+    from streamrank.runtime.signals import run_until_signalled
 
     async def go() -> Any:
         redis = redis_client(settings.redis)
@@ -126,7 +126,7 @@ def _start(args: argparse.Namespace, settings: Settings) -> int:
 
 def _drive(args: argparse.Namespace, settings: Settings) -> int:
     require_single_redis(settings.redis)
-    from workbench.cli.common import run_until_signalled
+    from streamrank.runtime.signals import run_until_signalled
 
     final = run_until_signalled(
         drive(settings, tick_s=parse_duration(args.tick), metrics_port=args.metrics_port)

@@ -6,8 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from streamrank.runtime.signals import run_until_signalled
 from streamrank.settings import Settings
-from workbench.cli.common import run_until_signalled
 
 
 def start_from(args: argparse.Namespace) -> Any:

@@ -9,8 +9,9 @@ from typing import Any
 
 import orjson
 
+from streamrank.runtime.signals import run_until_signalled
 from streamrank.settings import Settings
-from workbench.cli.common import print_json, run_until_signalled
+from workbench.cli.common import print_json
 
 
 def targets(args: argparse.Namespace) -> list[tuple[str, str]]:
