@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
-from aiokafka.errors import CommitFailedError, KafkaError
+from aiokafka.errors import KafkaError
 from prometheus_client import CollectorRegistry
 
 from schemas import ClickEvent, DeadLetter, Limits, decode_click
@@ -40,7 +40,7 @@ from streamrank.errors import (
 from streamrank.kafka import clients as kafka
 from streamrank.kafka.guard import UndecodableBatch
 from streamrank.redis.client import redis_client
-from streamrank.runtime.group_metrics import report_lag
+from streamrank.runtime.group_metrics import commit_offsets, report_lag
 from streamrank.runtime.health import Health
 from streamrank.runtime.worker import GroupWorker
 from streamrank.runtime.worker import serve as serve_worker
@@ -270,14 +270,10 @@ class OutcomesWorker(GroupWorker):
         for r in records:
             tp = TopicPartition(r.topic, r.partition)
             offsets[tp] = max(offsets.get(tp, 0), r.offset + 1)
-        try:
-            await self._consumer.commit(offsets)
-        except (CommitFailedError, KafkaError) as exc:
-            # Applied already; a redelivery after a rebalance is a no-op (idempotent join).
-            self.metrics.committed(False)
-            logger.warning("offset commit failed (%s); the batch may be read again", exc)
-        else:
-            self.metrics.committed(True)
+        # Applied already; a redelivery after a failed commit is a no-op (idempotent join).
+        await commit_offsets(
+            self._consumer, offsets, metrics=self.metrics, if_failed="the batch may be read again"
+        )
         report_lag(
             {tp: offset - 1 for tp, offset in offsets.items()},
             assigned=self._consumer.assignment(),

@@ -13,11 +13,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from aiokafka.errors import IllegalStateError, KafkaError
 
 from scoring.serving.offsets import OffsetBook, first_offsets, last_offsets, rewind_targets
 from scoring.serving.outgoing import Outgoing
-from streamrank.runtime.group_metrics import GroupMetrics, report_lag
+from streamrank.runtime.group_metrics import GroupMetrics, commit_offsets, report_lag
 
 logger = logging.getLogger(__name__)
 
@@ -104,15 +104,12 @@ class Checkpoint:
         offsets = {tp: offset for tp, offset in offsets.items() if tp in assigned}
         if not offsets:
             return
-        try:
-            await self._consumer.commit(offsets)
-        except (CommitFailedError, KafkaError) as exc:
-            # The replies are out; a rebalance means another member may answer these again,
-            # which clients tolerate (duplicates are dropped).
-            self._metrics.committed(False)
-            logger.warning("offset commit failed (%s); some requests may be answered twice", exc)
-        else:
-            self._metrics.committed(True)
+        # The replies are out; after a failed commit another member may answer these again,
+        # which clients tolerate (duplicates are dropped).
+        await commit_offsets(
+            self._consumer, offsets, metrics=self._metrics,
+            if_failed="some requests may be answered twice",
+        )  # fmt: skip
 
     def observe_lag(self, records: Sequence[ConsumerRecord[Any, Any]]) -> None:
         """Requests behind each partition's high watermark once this batch is answered."""

@@ -13,6 +13,8 @@ from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import CommitFailedError, KafkaError
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 logger = logging.getLogger(__name__)
@@ -126,3 +128,23 @@ def report_lag(
             continue
         if mark is not None:
             on_lag(tp.topic, tp.partition, max(0, mark - (offset + 1)))
+
+
+async def commit_offsets(
+    consumer: AIOKafkaConsumer,
+    offsets: Mapping[TopicPartition, int],
+    *,
+    metrics: GroupMetrics,
+    if_failed: str,
+) -> bool:
+    """Commit ``offsets`` (next offset to read, per partition) and count the result. A failed
+    commit (a rebalance, the broker away) is logged with ``if_failed`` (what it means for this
+    worker) and not raised: the work is done, the next commit or owner carries on."""
+    try:
+        await consumer.commit(dict(offsets))
+    except (CommitFailedError, KafkaError) as exc:
+        metrics.committed(False)
+        logger.warning("offset commit failed (%s); %s", exc, if_failed)
+        return False
+    metrics.committed(True)
+    return True

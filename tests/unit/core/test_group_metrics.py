@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from aiokafka import TopicPartition
+from aiokafka.errors import CommitFailedError
 from prometheus_client import CollectorRegistry
 
-from streamrank.runtime.group_metrics import GroupMetrics, Wording, report_lag
+from streamrank.runtime.group_metrics import GroupMetrics, Wording, commit_offsets, report_lag
 
 WORDING = Wording(items="Records", after="the last batch", committed="records", topic="t")
 
@@ -69,3 +70,29 @@ def test_lag_is_reported_for_partitions_still_assigned_only() -> None:
         on_lag=lambda topic, partition, lag: lags.append((topic, partition, lag)),
     )
     assert lags == [("t", 1, 0)]
+
+
+class _Consumer:
+    """Commits as a group consumer does, or fails as one does in a rebalance."""
+
+    def __init__(self, fail: bool) -> None:
+        self.fail = fail
+        self.committed: dict[TopicPartition, int] = {}
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        if self.fail:
+            raise CommitFailedError("rebalancing")
+        self.committed.update(offsets)
+
+
+async def test_commit_offsets_counts_each_result_and_never_raises() -> None:
+    registry = CollectorRegistry()
+    metrics = GroupMetrics(registry, prefix="x", wording=WORDING)
+    offsets = {TopicPartition("t", 0): 7}
+    ok = _Consumer(fail=False)
+    assert await commit_offsets(ok, offsets, metrics=metrics, if_failed="-")  # type: ignore[arg-type]
+    assert ok.committed == offsets
+    failing = _Consumer(fail=True)
+    assert not await commit_offsets(failing, offsets, metrics=metrics, if_failed="-")  # type: ignore[arg-type]
+    assert value(registry, "x_commits_total", result="ok") == 1
+    assert value(registry, "x_commits_total", result="failed") == 1
