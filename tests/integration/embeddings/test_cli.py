@@ -12,6 +12,9 @@ from streamrank.cli.main import main
 from tests.conftest import StackInfo
 from tests.integration.support.embeddings import matrix
 
+# `embeddings versions|delete` scan every master of a cluster: the cluster pass runs this too.
+pytestmark = pytest.mark.cluster
+
 
 async def _publish(url: str, version: str) -> None:
     async with EmbeddingStore.from_url(url) as store:

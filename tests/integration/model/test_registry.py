@@ -22,6 +22,10 @@ from streamrank.redis_client import client_for_url
 from tests.conftest import StackInfo
 from tests.unit.model.test_artifact import make_artifact
 
+# A version's model and embedding keys lie in many slots; publish, delete and the leftover scan
+# cross them: the cluster pass of `make test` runs this module too.
+pytestmark = pytest.mark.cluster
+
 
 def _run(url: str, fn: Any) -> Any:
     async def go() -> Any:
