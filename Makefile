@@ -33,15 +33,23 @@ typecheck: setup
 unit: setup
 	$(BIN)/pytest -q tests/unit
 
-# Every test on a single Redis, then the integration tests again on a local Redis Cluster
-# (3 masters, 3 replicas, started by the session fixture).
+# Test files run in parallel worker processes (pytest-xdist), each worker with an embedded stack
+# of its own; a file stays on one worker (its tests share module fixtures and are ordered).
+# Two: the CI host's cores.
+TEST_WORKERS ?= 2
+PARALLEL = -n $(TEST_WORKERS) --dist loadfile
+
+# Every test on a single Redis, then the tests marked cluster (key placement, hash slots,
+# scripts, pipelines, the cluster client) again on a local Redis Cluster (3 masters, 3
+# replicas, started by the session fixture).
 test: setup lint typecheck
-	$(BIN)/pytest -q -m "not slow"
-	STREAMRANK_TEST_REDIS=cluster $(BIN)/pytest -q -m "not slow" tests/integration
+	$(BIN)/pytest -q -m "not slow" $(PARALLEL)
+	STREAMRANK_TEST_REDIS=cluster $(BIN)/pytest -q -m "cluster and not slow" $(PARALLEL) tests/integration
 
 # Tests marked slow (minutes each: faults under load, hostile input, the short soak, the
 # consumer-group scale test, the Redis Cluster failover and resharding tests, ...); CI runs
-# them too (see docs/reliability.md).
+# them too (see docs/reliability.md). One at a time: most judge latency or degraded replies
+# under load, which a test running beside them on a small host would skew.
 test-slow: setup
 	$(BIN)/pytest -q -m "slow and not quarantined"
 
@@ -49,6 +57,8 @@ test-slow: setup
 test-quarantined: setup
 	$(BIN)/pytest -q -m quarantined || test $$? -eq 5  # 5: none quarantined now
 
+# Every integration test, the slow ones too, on a local Redis Cluster (`make test` runs there
+# only the tests marked cluster).
 test-cluster: setup
 	STREAMRANK_TEST_REDIS=cluster $(BIN)/pytest -q tests/integration
 

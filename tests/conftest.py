@@ -4,9 +4,15 @@ Unit tests (tests/unit) need none of this. Integration tests (tests/integration)
 Tansu broker and a real Redis, started once per session on free ports, or the ones named by
 ``STREAMRANK_TEST_KAFKA_BOOTSTRAP`` and ``STREAMRANK_TEST_REDIS_URL`` when both are set.
 ``STREAMRANK_TEST_REDIS=cluster`` makes that Redis a local Redis Cluster (3 masters, 3
-replicas; ``make test`` runs the integration tests once on each); a ``redis+cluster://``
-``STREAMRANK_TEST_REDIS_URL`` names an external cluster. Tests that only make sense on one
-server (they stop and start a private redis-server) carry ``@pytest.mark.standalone_only``.
+replicas); a ``redis+cluster://`` ``STREAMRANK_TEST_REDIS_URL`` names an external cluster.
+``make test`` runs every test on a single Redis, then the tests marked ``cluster`` (their
+behaviour depends on key placement, hash slots, scripts, pipelines or the cluster client) on
+the cluster; ``make test-cluster`` runs every integration test there. Tests that only make
+sense on one server (they stop and start a private redis-server) carry
+``@pytest.mark.standalone_only``; ``cluster_only`` implies ``cluster``.
+
+Under pytest-xdist each worker process gets a stack of its own (this fixture runs once per
+worker), so tests that share the stack's global keys never meet.
 """
 
 from __future__ import annotations
@@ -68,6 +74,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
     embedded = EmbeddedStack.on_free_ports(run_dir, redis_cluster=cluster)
     embedded.up(timeout_s=120)
     env = embedded.client_env()
+    # Their files (a features worker's Faust data) go here, not to the checkout's .run/.
+    env["STREAMRANK_RUN_DIR"] = str(tmp_path_factory.mktemp("clients"))
     saved = {k: os.environ.get(k) for k in env}
     # Subprocesses started by tests (workers, CLI) find the stack through the environment.
     os.environ.update(env)
@@ -82,7 +90,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
         embedded.down()
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: `-m cluster` sees the implied marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("cluster_only") is not None:
+            item.add_marker(pytest.mark.cluster)
+        elif item.get_closest_marker("cluster") and item.get_closest_marker("standalone_only"):
+            raise pytest.UsageError(
+                f"{item.nodeid} is marked both cluster and standalone_only: drop one of them"
+            )
     on_cluster = os.environ.get("STREAMRANK_TEST_REDIS") == "cluster" or (
         os.environ.get("STREAMRANK_TEST_REDIS_URL", "").partition("://")[0].endswith("+cluster")
     )

@@ -29,6 +29,8 @@ def bench(*args: str) -> dict[str, object]:
     return parsed
 
 
+# Its Redis figures are summed over every master and its cleanup scans every master.
+@pytest.mark.cluster
 def test_bench_streams_small(stack: StackInfo, tmp_path: Path) -> None:
     saved = tmp_path / "results" / "streams.json"
     out = bench("streams", "--events", "40000", "--users", "300", "--rate", "1000",

@@ -19,6 +19,8 @@ def args(**overrides: object) -> argparse.Namespace:
     return ns
 
 
+# Compact buckets need the hash limits set on every server; uncached lookups run per slot group.
+@pytest.mark.cluster
 def test_small_run_reports_every_figure(stack: StackInfo) -> None:
     result = bench_embeddings.run(args(), stack.settings())
     assert result["redis"] == "settings' Redis"

@@ -20,6 +20,8 @@ from workbench.devstack.cases import load_cases, offline_scores
 pytestmark = pytest.mark.timeout(180)
 
 
+# The whole data path on the test Redis: features written per slot, read back across nodes.
+@pytest.mark.cluster
 def test_replay_online_scores_equal_offline_scores(
     stack: StackInfo,
     tmp_path: Path,

@@ -15,6 +15,10 @@ from scoring.model.registry import delete_version
 from tests.conftest import StackInfo
 from tests.integration.support.embeddings import RoundTrips, counting_client, matrix
 
+# The cache's misses are one fetch pipeline over every node that holds them: the cluster pass of
+# `make test` runs this module too.
+pytestmark = pytest.mark.cluster
+
 IDS = [f"m{k}" for k in range(2000)]
 
 

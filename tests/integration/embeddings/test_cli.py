@@ -12,6 +12,9 @@ from tests.conftest import StackInfo
 from tests.integration.support.embeddings import matrix
 from workbench.cli.main import main
 
+# `embeddings versions|delete` scan every master of a cluster: the cluster pass runs this too.
+pytestmark = pytest.mark.cluster
+
 
 async def _publish(url: str, version: str) -> None:
     async with EmbeddingStore.from_url(url) as store:

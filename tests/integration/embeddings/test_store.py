@@ -24,6 +24,10 @@ from tests.integration.support.embeddings import (
     matrix,
 )
 
+# Publishing configures every server, lookups run the fetch script once per slot group, listing
+# and deleting a version scans every master: the cluster pass of `make test` runs this too.
+pytestmark = pytest.mark.cluster
+
 
 async def ziplist_value(redis: Any) -> int:
     return await config_value(redis, "hash-max-ziplist-value")

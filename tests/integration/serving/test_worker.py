@@ -64,6 +64,8 @@ def worker_settings(make_settings: Callable[..., Settings], unique: str, **kw: o
     return make_settings(**base)
 
 
+# Sequences come in one pipeline per node and item rows from one script call per slot group.
+@pytest.mark.cluster
 async def test_normal_path_cold_start_and_oov(
     make_settings: Callable[..., Settings], unique: str, redis: aioredis.Redis,
     versions: tuple[str, str], tiny_artifacts: tuple[Path, Path],

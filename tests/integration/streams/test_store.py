@@ -19,6 +19,10 @@ from streams.windows import windows_from_settings
 from streams.writer import BatchCalls, BatchWriter, SlotOf, assemble
 from tests.integration.support.embeddings import RoundTrips, commandstats
 
+# The batch script runs once per hash-slot group and reads are one pipeline per node: the
+# cluster pass of `make test` runs this module too.
+pytestmark = pytest.mark.cluster
+
 
 def batch_for(
     settings: Settings, events: list[ClickEvent], now_ms: int, slot_of: SlotOf | None
