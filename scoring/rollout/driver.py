@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry
 
 from scoring.rollout.guard import (
     CheckResult,
@@ -35,7 +36,10 @@ from scoring.rollout.state import Applied, RolloutState, RolloutStore, describe_
 from scoring.rollout.stats import Summary, summarize
 from streamrank import clock, keys
 from streamrank.errors import ConfigError, RedisUnavailable, StreamrankError, UnknownVersion
+from streamrank.redis.client import redis_client
 from streamrank.redis.errors import redis_call
+from streamrank.runtime.metrics_http import metrics_server, resolve_port
+from streamrank.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -372,3 +376,24 @@ class RolloutDriver:
                 await self._store.release(self.owner)
             except RedisUnavailable as exc:
                 logger.warning("%s", exc)
+
+
+async def drive(
+    settings: Settings, *, tick_s: float, metrics_port: int | None
+) -> RolloutState | None:
+    """Drive the current rollout until it ends, serving the rollout metrics on ``metrics_port``
+    (else the settings', else the default; 0: none). The lease makes one driver act at a time."""
+    registry = CollectorRegistry()
+    port = resolve_port(metrics_port, settings.observability.metrics_port, "rollout")
+    redis = redis_client(settings.redis)
+    try:
+        with metrics_server(registry, port):
+            driver = RolloutDriver(
+                redis=redis,
+                bucket_s=settings.outcomes.bucket_s,
+                tick_s=tick_s,
+                metrics=RolloutMetrics(registry),
+            )
+            return await driver.run()
+    finally:
+        await redis.aclose()

@@ -46,33 +46,6 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
 # --- rollout --------------------------------------------------------------------------------
 
 
-async def drive(settings: Settings, *, tick_s: float, metrics_port: int | None) -> Any:
-    """Drive the current rollout until it ends (the lease makes one driver act at a time)."""
-    from prometheus_client import CollectorRegistry
-
-    from scoring.rollout.driver import RolloutDriver
-    from scoring.rollout.metrics import RolloutMetrics
-    from streamrank.runtime.metrics_http import resolve_port, serve_metrics
-
-    registry = CollectorRegistry()
-    server = serve_metrics(
-        registry, resolve_port(metrics_port, settings.observability.metrics_port, "rollout")
-    )
-    redis = redis_client(settings.redis)
-    try:
-        driver = RolloutDriver(
-            redis=redis,
-            bucket_s=settings.outcomes.bucket_s,
-            tick_s=tick_s,
-            metrics=RolloutMetrics(registry),
-        )
-        return await driver.run()
-    finally:
-        await redis.aclose()
-        if server is not None:
-            server.shutdown()
-
-
 def _print_final(state: Any, as_json: bool) -> int:
     from workbench.cli.common import print_json
 
@@ -88,7 +61,7 @@ def _print_final(state: Any, as_json: bool) -> int:
 
 def _start(args: argparse.Namespace, settings: Settings) -> int:
     require_single_redis(settings.redis)
-    from scoring.rollout.driver import start_rollout
+    from scoring.rollout.driver import drive, start_rollout
     from streamrank.runtime.signals import run_until_signalled
 
     async def go() -> Any:
@@ -126,6 +99,7 @@ def _start(args: argparse.Namespace, settings: Settings) -> int:
 
 def _drive(args: argparse.Namespace, settings: Settings) -> int:
     require_single_redis(settings.redis)
+    from scoring.rollout.driver import drive
     from streamrank.runtime.signals import run_until_signalled
 
     final = run_until_signalled(
