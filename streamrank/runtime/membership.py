@@ -19,6 +19,16 @@ from streamrank.runtime.tasks import cancel_and_wait
 logger = logging.getLogger(__name__)
 
 
+def describe(partitions: Iterable[tuple[str, int]]) -> str:
+    """``rank-requests[0,1,3]``: (topic, partition) pairs grouped by topic, for log lines."""
+    by_topic: dict[str, list[int]] = {}
+    for topic, partition in partitions:
+        by_topic.setdefault(topic, []).append(partition)
+    if not by_topic:
+        return "none"
+    return " ".join(f"{t}[{','.join(map(str, sorted(p)))}]" for t, p in sorted(by_topic.items()))
+
+
 class Membership:
     """``revoked()`` / ``assigned(partitions)`` from the rebalance callbacks (no I/O there);
     :meth:`tasks` on the worker's loop (liveness beats, Redis PING, the registry entry);
@@ -58,11 +68,7 @@ class Membership:
         self.metrics.assigned(mine, rebalance_s=took)
         self.registration.assigned(mine)
         self.health.set("group", True, f"{len(mine)} partitions of {self._topics}")
-        logger.info(
-            "partitions assigned after %.1fs: %s",
-            took,
-            ",".join(f"{t}[{p}]" for t, p in sorted(mine)) or "none",
-        )
+        logger.info("partitions assigned after %.1fs: %s", took, describe(mine))
 
     def start(self, redis: Any, *, checks: Mapping[str, health.Check] | None = None) -> None:
         """Beat and PING ``redis`` for readiness, and publish the registry entry, as tasks."""

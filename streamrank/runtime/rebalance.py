@@ -20,21 +20,11 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
-from streamrank.runtime.membership import Membership
+from streamrank.runtime.membership import Membership, describe
 
 logger = logging.getLogger(__name__)
 
 Hook = Callable[[set[TopicPartition]], Awaitable[None]]
-
-
-def describe(partitions: Iterable[TopicPartition]) -> str:
-    """``rank-requests[0,1,3]``: partitions grouped by topic, for log lines."""
-    by_topic: dict[str, list[int]] = {}
-    for tp in partitions:
-        by_topic.setdefault(tp.topic, []).append(tp.partition)
-    if not by_topic:
-        return "none"
-    return " ".join(f"{t}[{','.join(map(str, sorted(p)))}]" for t, p in sorted(by_topic.items()))
 
 
 class RebalanceListener(ConsumerRebalanceListener):

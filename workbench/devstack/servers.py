@@ -26,7 +26,22 @@ from workbench.devstack.services import (
 )
 
 
-class RedisServer:
+class _Pausable:
+    """A private server process that can hang and come back: SIGSTOP keeps its connections
+    open and answers nothing; SIGCONT resumes it."""
+
+    child: ChildProcess | None
+
+    def pause(self) -> None:
+        if self.child is not None and self.child.alive():
+            os.kill(self.child.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.child is not None and self.child.alive():
+            os.kill(self.child.pid, signal.SIGCONT)
+
+
+class RedisServer(_Pausable):
     """A private redis-server on ``port`` that can be stopped and started again with its data:
     ``persist="aof"`` (append-only, fsync always), ``"rdb"`` (a SAVE before each stop) or
     ``"none"`` (memory only). ``password`` turns on AUTH (``requirepass``); ``extra_args`` are
@@ -104,17 +119,8 @@ class RedisServer:
             self.child.kill()
             self.child = None
 
-    def pause(self) -> None:
-        """SIGSTOP: a hung server (connections stay open, nothing answers)."""
-        if self.child is not None and self.child.alive():
-            os.kill(self.child.pid, signal.SIGSTOP)
 
-    def resume(self) -> None:
-        if self.child is not None and self.child.alive():
-            os.kill(self.child.pid, signal.SIGCONT)
-
-
-class KafkaBroker:
+class KafkaBroker(_Pausable):
     """A private embedded broker (Tansu, memory only) on ``port``, for fault tests: it can be
     stopped, started again (empty), paused (SIGSTOP: a hung broker) and resumed."""
 
@@ -149,15 +155,6 @@ class KafkaBroker:
             self.resume()
             self.child.stop(timeout_s=10)
             self.child = None
-
-    def pause(self) -> None:
-        """SIGSTOP: connections stay open, nothing is answered."""
-        if self.child is not None and self.child.alive():
-            os.kill(self.child.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        if self.child is not None and self.child.alive():
-            os.kill(self.child.pid, signal.SIGCONT)
 
 
 @contextmanager
