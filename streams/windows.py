@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from streamrank.errors import ConfigError
 from streamrank.settings import FeatureSettings
 
 
@@ -29,7 +30,18 @@ class Window:
 
 
 def windows_from_settings(features: FeatureSettings) -> tuple[Window, Window]:
-    """The 1 h (fine buckets) and 24 h (coarse buckets) windows."""
+    """The 1 h (fine buckets) and 24 h (coarse buckets) windows (each a whole number of buckets,
+    so a point-in-time window is exact: :func:`closed_range`)."""
+    for length, res in (
+        (3600, features.counter_bucket_s),
+        (86400, features.counter_coarse_bucket_s),
+    ):
+        if length % res:
+            raise ConfigError(
+                f"counter bucket size {res} s does not divide the {length} s window: set "
+                "STREAMRANK_COUNTER_BUCKET_S to a divisor of 3600 and "
+                "STREAMRANK_COUNTER_COARSE_BUCKET_S to a divisor of 86400"
+            )
     return (
         Window("1h", 3600, features.counter_bucket_s),
         Window("24h", 24 * 3600, features.counter_coarse_bucket_s),
@@ -53,3 +65,18 @@ def window_buckets(now_ms: int, window: Window) -> list[int]:
     # The oldest bucket whose end lies after now - length.
     oldest = bucket_start(now_ms - window.length_s * 1000, res)
     return list(range(oldest, newest + 1, res))
+
+
+def closed_range(as_of_ms: int, window: Window) -> tuple[int, int]:
+    """The point-in-time window of a feature read as of ``as_of_ms``: bucket starts ``[lo, hi)``
+    (epoch s). Only buckets that closed at or before ``as_of`` count, so no event at or after
+    ``as_of`` is ever counted; ``hi - lo`` = the window's length. Equivalently: the events with
+    ``lo * 1000 <= ts_ms < hi * 1000`` (the offline training code counts them that way)."""
+    hi = bucket_start(as_of_ms, window.resolution_s)
+    return hi - window.length_s, hi
+
+
+def closed_buckets(as_of_ms: int, window: Window) -> range:
+    """Starts of the buckets in :func:`closed_range`, oldest first."""
+    lo, hi = closed_range(as_of_ms, window)
+    return range(lo, hi, window.resolution_s)

@@ -6,8 +6,10 @@ history is ordered by ``(ts, event_id)``: the same rule the streams worker uses 
 sequences, which is what makes offline and online scores comparable.
 
 Samples (leave-last-out): per user, chronological; every position ``i >= 1`` yields a positive
-(the item at ``i``) with the previous ``<= history_len`` events as history, plus one negative
-drawn (seeded) from the items the user never rated. The user's last event is test, the one
+(the item at ``i``) at the sample time ``ts[i]`` with the user's ``<= history_len`` latest events
+strictly before that time as history (point in time: events of the same second are not known
+yet, whatever their event id), plus one negative drawn (seeded) from the items the user never
+rated. The user's last event is test, the one
 before validation, the rest train. Test and validation candidates are the held-out positive
 plus ``n_negatives`` sampled negatives.
 """
@@ -239,7 +241,8 @@ class Samples:
     """Fixed-width training/evaluation samples.
 
     ``hist`` holds item indices (0 where padded; ``hist_mask`` marks real events, oldest first,
-    left-aligned) and ``hist_rows`` the event rows they came from (-1 where padded).
+    left-aligned) and ``hist_rows`` the event rows they came from (-1 where padded). ``ts`` is the
+    sample time (epoch ms): the "as of" of every feature of the sample.
     """
 
     user: npt.NDArray[np.str_]  # [n]
@@ -248,6 +251,7 @@ class Samples:
     hist_rows: IntArray  # [n, L]
     cand: IntArray  # [n] (train) or [n, C] (eval)
     label: npt.NDArray[np.float32]  # like cand
+    ts: IntArray  # [n] epoch ms: the sample time (its positive event's time)
 
     def __len__(self) -> int:
         return int(self.hist.shape[0])
@@ -317,25 +321,28 @@ def build_samples(
         seq = ds.item_index[rows]
         seen = np.unique(seq)
         user = str(users_sorted[s])
+        times = ds.ts[rows] * 1000  # [n] epoch ms, ascending
         # positions 1..n-1: train = 1..n-3, valid = n-2, test = n-1
         pos = np.arange(1, n)
-        lo = np.maximum(pos - history_len, 0)
+        end = np.searchsorted(times, times[pos], side="left")  # [P] first event not before
+        lo = np.maximum(end - history_len, 0)
         offs = np.arange(history_len)
         idx = lo[:, None] + offs[None, :]  # [P, L]
-        mask = idx < pos[:, None]  # [P, L]
+        mask = idx < end[:, None]  # [P, L]
         hist_rows = np.where(mask, rows[np.minimum(idx, n - 1)], -1)  # [P, L]
         hist = np.where(mask, seq[np.minimum(idx, n - 1)], 0)  # [P, L]
         n_train = n - 3
         train_neg = _negatives(rng, n_items, seen, n_train, distinct=False, user=user)
         parts["train"].append((user, hist[:n_train], mask[:n_train], hist_rows[:n_train],
-                               seq[1 : n - 2], train_neg))  # fmt: skip
+                               seq[1 : n - 2], train_neg, times[1 : n - 2]))  # fmt: skip
         counts += np.bincount(seq[: n - 2], minlength=n_items)
         for name, p in (("valid", n - 3), ("test", n - 2)):
             neg = _negatives(rng, n_items, seen, n_negatives, distinct=True, user=user)
             cands = np.r_[seq[p + 1], neg]
             parts[name].append(
-                (user, hist[p : p + 1], mask[p : p + 1], hist_rows[p : p + 1], cands)
-            )
+                (user, hist[p : p + 1], mask[p : p + 1], hist_rows[p : p + 1], cands,
+                 times[p + 1 : p + 2])
+            )  # fmt: skip
     return Split(
         train=_stack_train(parts["train"], history_len),
         valid=_stack_eval(parts["valid"], history_len, n_negatives),
@@ -355,7 +362,8 @@ def _stack_train(parts: list, history_len: int) -> Samples:
     rows = np.concatenate([np.repeat(p[3], 2, axis=0) for p in parts])
     cand = np.concatenate([np.stack([p[4], p[5]], axis=1).reshape(-1) for p in parts])  # [2P]
     label = np.tile(np.array([1.0, 0.0], dtype=np.float32), len(cand) // 2)
-    return Samples(users, hist, mask, rows, cand, label)
+    ts = np.concatenate([np.repeat(p[6], 2) for p in parts])  # [2P]
+    return Samples(users, hist, mask, rows, cand, label, ts)
 
 
 def _stack_eval(parts: list, history_len: int, n_negatives: int) -> Samples:
@@ -370,6 +378,7 @@ def _stack_eval(parts: list, history_len: int, n_negatives: int) -> Samples:
         np.concatenate([p[3] for p in parts]),
         cand,
         label,
+        np.concatenate([p[5] for p in parts]),
     )
 
 
