@@ -85,8 +85,9 @@ def _matching_artifact(root: Path, sha256: str) -> Path | None:
 def prepare_model(settings: Settings, *, synthetic: bool, progress: bool = True) -> DemoModel:
     """Reuse the newest artifact trained on the demo's data, or train one (with a bar)."""
     from scoring.training.data import load_movielens
+    from scoring.training.export import export_artifact
     from scoring.training.synthetic import generate
-    from scoring.training.train import TrainConfig, export_artifact, train_and_evaluate
+    from scoring.training.train import TrainConfig, train_and_evaluate
 
     movielens = Path(settings.tools.data_dir) / "ml-100k"
     if not synthetic and movielens.is_dir():
@@ -109,6 +110,7 @@ def prepare_model(settings: Settings, *, synthetic: bool, progress: bool = True)
         epochs=epochs,
         history_len=settings.features.sequence_length,
         threads=settings.scoring.torch_threads,
+        bucket_s=(settings.features.counter_bucket_s, settings.features.counter_coarse_bucket_s),
     )
     result = train_and_evaluate(ds, cfg, progress=progress)
     path = Path(export_artifact(result, ds, cfg, root, encoding=settings.embeddings.encoding))
@@ -327,7 +329,7 @@ async def _serve(settings: Settings, model: DemoModel) -> None:
     redis = redis_client(settings.redis)
     try:
         published = await ensure_published(redis, artifact)
-        previous = await activate_version(redis, artifact.version)
+        previous = await activate_version(redis, artifact.version, features=settings.features)
     finally:
         await redis.aclose()
     say(

@@ -10,8 +10,10 @@ from streamrank.settings import Settings
 
 
 def _train(args: argparse.Namespace, settings: Settings) -> int:
+    from scoring.model.features import parse_families
     from scoring.training.data import load_movielens
-    from scoring.training.train import TrainConfig, export_artifact, train_and_evaluate
+    from scoring.training.export import export_artifact
+    from scoring.training.train import TrainConfig, train_and_evaluate
 
     if args.synthetic:
         from scoring.training.synthetic import generate
@@ -27,7 +29,8 @@ def _train(args: argparse.Namespace, settings: Settings) -> int:
         history_len=settings.features.sequence_length,
         n_negatives=args.negatives,
         threads=settings.scoring.torch_threads,
-        profile=args.profile,
+        families=parse_families(args.features),
+        bucket_s=(settings.features.counter_bucket_s, settings.features.counter_coarse_bucket_s),
     )
     result = train_and_evaluate(ds, cfg, progress=not args.no_progress)
     out = args.out or settings.tools.artifacts_dir
@@ -45,6 +48,7 @@ def _train(args: argparse.Namespace, settings: Settings) -> int:
             "items": len(ds.items),
         },
         "test": m["test"],
+        "selected": m["selected"],
         "auc_by_encoding": m["auc_by_encoding"],
         "goals": m["goals"],
         "serving_vs_forward_max_abs_diff": m["serving_vs_forward_max_abs_diff"],
@@ -116,7 +120,7 @@ def _activate(args: argparse.Namespace, settings: Settings) -> int:
     async def go() -> str | None:
         redis = await _redis(settings)
         try:
-            return await activate_version(redis, args.version)
+            return await activate_version(redis, args.version, features=settings.features)
         finally:
             await redis.aclose()
 
@@ -130,6 +134,7 @@ def _activate(args: argparse.Namespace, settings: Settings) -> int:
 
 def register(sub: Any) -> None:
     from scoring.embeddings.codec import ENCODINGS
+    from scoring.model.features import FAMILIES
 
     train = sub.add_parser(
         "train", help="train DIN + baselines, evaluate, write a versioned artifact"
@@ -152,10 +157,11 @@ def register(sub: Any) -> None:
     train.add_argument("--seed", type=int, default=17)
     train.add_argument("--negatives", type=int, default=20, help="sampled negatives per test user")
     train.add_argument(
-        "--profile",
-        action="store_true",
-        help="also feed the user profile (age bucket, gender, occupation) to the models; such a "
-        "model needs profile codes at serving time, which the scoring worker does not have",
+        "--features",
+        default=",".join(FAMILIES),
+        help="feature families of the featured models, comma-separated (default: all of "
+        f"{','.join(FAMILIES)}); DIN on the sequence alone is trained beside them and the "
+        "better on validation GAUC becomes the version",
     )
     train.add_argument(
         "--encoding",
