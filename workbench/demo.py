@@ -339,13 +339,25 @@ async def _serve(settings: Settings, model: DemoModel) -> None:
     try:
         published = await ensure_published(redis, artifact)
         previous = await activate_version(redis, artifact.version, features=settings.features)
+        loaded = await _load_attributes(redis, model.dataset)
     finally:
         await redis.aclose()
+    say(f"attributes: {loaded['users']} users, {loaded['items']} items (streamrank features load)")
     say(
         f"model {artifact.version}: {'published' if published['published_now'] else 'already published'} "
         f"({published['encoding']} item table, {len(artifact.item_ids)} items); active "
         f"(was {previous or 'none'})"
     )
+
+
+async def _load_attributes(redis: Any, ds: Any) -> dict[str, int]:
+    """The dataset's user attributes and item categories into the attribute tables (what
+    ``streamrank features load`` does from files): inputs of a version with side features."""
+    from streams.attributes import write_attributes
+
+    items = {ds.items[i]: {"category": ds.item_category(i)} for i in range(len(ds.items))}
+    await write_attributes(redis, users=ds.users, items=items)
+    return {"users": len(ds.users), "items": len(items)}
 
 
 async def _wait_ready(handles: dict[str, WorkerProcess], ports: dict[str, int]) -> None:
