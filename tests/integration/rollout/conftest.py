@@ -11,8 +11,8 @@ import pytest
 @pytest.fixture(scope="session")
 def rollout_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from scoring.model.din import ModelSpec
-    from scoring.training.synthetic import generate
     from scoring.training.export import export_artifact
+    from scoring.training.synthetic import generate
     from scoring.training.train import TrainConfig, train_and_evaluate
 
     ds = generate(

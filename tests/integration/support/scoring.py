@@ -26,8 +26,8 @@ def train_tiny_artifact(
 ) -> Path:
     """A really trained, tiny DIN (synthetic clicks, one epoch, small dims): seconds on a CPU."""
     from scoring.model.din import ModelSpec
-    from scoring.training.synthetic import generate
     from scoring.training.export import export_artifact
+    from scoring.training.synthetic import generate
     from scoring.training.train import TrainConfig, train_and_evaluate
 
     ds = generate(
