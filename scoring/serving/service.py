@@ -109,12 +109,6 @@ def forward(
     return out
 
 
-def as_of_ms(incoming: Incoming) -> int:
-    """The time every feature of a request is read as of: its ``ts``, else its Kafka timestamp."""
-    ts = incoming.request.ts
-    return incoming.produced_ms if ts is None else int(ts)
-
-
 class RankService:
     """Scores micro-batches; keyword-only construction, no I/O of its own beyond its sources."""
 
@@ -193,7 +187,7 @@ class RankService:
         if not self._breaker.allow():
             return await self._fallback(batch, reasons.BREAKER_OPEN, start, None, routed=routed)
         t0 = time.perf_counter()
-        as_of = [as_of_ms(b) for b in batch]
+        as_of = [b.request.as_of_ms(b.produced_ms) for b in batch]
         specs = [serving.scorers[v].features for v in set(routed)]
         queries = [
             FeatureQuery(u, t, b.request.items) for u, t, b in zip(users, as_of, batch, strict=True)
