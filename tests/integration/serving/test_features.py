@@ -60,15 +60,17 @@ async def test_item_counters_move_the_score_as_of_the_request_time(
     write = writer_for(settings, redis)
     known = item_ids(features_artifact)
     user, x, y = f"u-{unique}", known[7], known[8]
-    # a fixed request time in the middle of an hour: its closed 1 h window is the hour before
-    t = clock.now_ms() // HOUR_MS * HOUR_MS - HOUR_MS // 2
+    # a fixed request time on a 5 min boundary; a click a minute before its hour counts in its
+    # closed 1 h window (the 12 buckets before t) and in its closed 24 h one (the hours before)
+    t = clock.now_ms() // 300_000 * 300_000
+    counted = t // HOUR_MS * HOUR_MS - 60_000
     history = [ClickEvent(f"{unique}-h{k}", user, known[k], t - 2 * HOUR_MS + k, "c1")
                for k in range(4)]  # fmt: skip
     await write(history, clock.now_ms())
     async with running_worker(settings), RankClient(settings=settings) as client:
         before = await client.rank(user, [x, y], ts=t, timeout=30)
         # other users click x well inside the window, and once after the request's time
-        others = [ClickEvent(f"{unique}-o{k}", f"o{k}-{unique}", x, t - 40 * 60_000, "c2")
+        others = [ClickEvent(f"{unique}-o{k}", f"o{k}-{unique}", x, counted, "c2")
                   for k in range(30)]  # fmt: skip
         later = [ClickEvent(f"{unique}-late", user, y, t + 1, "c1"),
                  ClickEvent(f"{unique}-late2", "someone", y, t + 60_000, "c1")]  # fmt: skip
@@ -77,7 +79,8 @@ async def test_item_counters_move_the_score_as_of_the_request_time(
     assert not before.degraded and not after.degraded and after.model_version == version
     assert abs(after.scores[0] - before.scores[0]) > 1e-6  # x's counters moved its score
     assert after.scores[1] == pytest.approx(before.scores[1], abs=1e-7)  # y: nothing before t
-    records = await read_topic(settings, f"served-{unique}", want=2)
+    by_id = {r["request_id"]: r for r in await read_topic(settings, f"served-{unique}", want=2)}
+    records = [by_id[before.request_id], by_id[after.request_id]]  # partitions keep no order
     first, second = (ServedFeatures.from_json(r["features"]) for r in records)
     assert first.as_of_ms == second.as_of_ms == t
     assert first.counters is not None and second.counters is not None
