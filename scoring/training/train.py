@@ -24,6 +24,7 @@ from scoring.embeddings.codec import ENCODINGS, roundtrip
 from scoring.model.din import DIN, DinScorer, ItemTower, ModelSpec, build_net
 from scoring.training.data import Dataset, Profiles, Samples, Split, build_profiles, build_samples
 from scoring.training.evaluation import auc, gauc
+from scoring.training.timesplit import TimeSplit, build_time_split
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,8 @@ class TrainConfig:
     n_negatives: int = 20
     threads: int = 1
     profile: bool = False  # feed the user profile (age bucket, gender, occupation) to the head
+    patience: int | None = None  # stop after this many epochs without a better validation GAUC
+    time_split: bool = True  # also fit and report the time-split protocol
     spec: ModelSpec = field(default_factory=ModelSpec)
 
     def to_json(self) -> dict[str, Any]:
@@ -52,6 +55,8 @@ class TrainConfig:
             "n_negatives": self.n_negatives,
             "threads": self.threads,
             "profile": self.profile,
+            "patience": self.patience,
+            "time_split": self.time_split,
         }
 
 
@@ -187,6 +192,8 @@ def fit(
         if best is None or entry["valid_gauc"] > best[0]:
             state = {k: v.detach().clone() for k, v in ranker.state_dict().items()}
             best = (entry["valid_gauc"], epoch + 1, state)
+        elif cfg.patience is not None and epoch + 1 - best[1] >= cfg.patience:
+            break  # validation stopped improving
     assert best is not None
     ranker.load_state_dict(best[2])
     ranker.eval()
@@ -222,27 +229,40 @@ def train_and_evaluate(ds: Dataset, cfg: TrainConfig, *, progress: bool = True) 
         torch.set_num_threads(threads)
 
 
-def _train_and_evaluate(ds: Dataset, cfg: TrainConfig, *, progress: bool) -> TrainResult:
+@dataclass
+class ProtocolRun:
+    """BaseModel and DIN fitted on one protocol's train split, and their test scores."""
+
+    rankers: dict[str, Ranker]  # "base", "din"
+    logs: dict[str, Any]  # model -> fit log
+    scorer: DinScorer  # DIN's serving scorer
+    table: npt.NDArray[np.float32]  # [n_items, d] DIN's materialised item vectors
+    scores: dict[str, npt.NDArray[np.float32]]  # model -> test scores [U, C]
+    metrics: dict[str, Any]  # test AUC/GAUC per model, best epochs, sample counts, seconds
+
+
+def evaluate_protocol(
+    ds: Dataset,
+    split: Split,
+    cfg: TrainConfig,
+    *,
+    profiles: Profiles | None = None,
+    bar: tqdm | None = None,
+) -> ProtocolRun:
+    """Fit BaseModel and DIN on ``split.train`` (same seed), score the test candidates.
+
+    Popularity = the split's train counts; DIN is scored through the serving path.
+    """
     started = time.perf_counter()
-    seed_everything(cfg.seed, cfg.threads)
-    split = build_samples(
-        ds, history_len=cfg.history_len, n_negatives=cfg.n_negatives, seed=cfg.seed
-    )
-    if len(split.train) == 0 or len(split.test) == 0:
-        raise ValueError("not enough data: every user needs at least 4 events")
-    batches = -(-len(split.train) // cfg.batch_size) * cfg.epochs * 2
     logs: dict[str, Any] = {}
     rankers: dict[str, Ranker] = {}
-    profiles = build_profiles(ds) if cfg.profile else None
     sizes = [len(v) for v in profiles.vocab.values()] if profiles else []
-    with tqdm(total=batches, desc="train base+din", unit="batch", disable=not progress) as bar:
-        for kind in ("base", "din"):
-            torch.manual_seed(cfg.seed)  # same initial embeddings for both models
-            spec = ModelSpec.from_json({**cfg.spec.to_json(), "kind": kind, "profile_sizes": sizes})
-            rankers[kind] = make_ranker(ds, spec, profiles)
-            logs[kind] = fit(rankers[kind], split, cfg, name=kind, bar=bar)
+    for kind in ("base", "din"):
+        torch.manual_seed(cfg.seed)  # same initial embeddings for both models
+        spec = ModelSpec.from_json({**cfg.spec.to_json(), "kind": kind, "profile_sizes": sizes})
+        rankers[kind] = make_ranker(ds, spec, profiles)
+        logs[kind] = fit(rankers[kind], split, cfg, name=kind, bar=bar)
     train_s = time.perf_counter() - started
-
     test = split.test
     din_net = rankers["din"].net
     assert isinstance(din_net, DIN)
@@ -253,16 +273,9 @@ def _train_and_evaluate(ds: Dataset, cfg: TrainConfig, *, progress: bool) -> Tra
         "base": eval_logits(rankers["base"], test),
         "din": serving_scores(scorer, table, test, profiles=profiles),
     }
-    forward_probs = 1.0 / (1.0 + np.exp(-eval_logits(rankers["din"], test).astype(np.float64)))
-    by_encoding = {}
-    for enc in ENCODINGS:
-        enc_scores = serving_scores(scorer, roundtrip(table, enc), test, profiles=profiles)
-        by_encoding[enc] = round(auc(test.label, enc_scores), 5)
     metrics: dict[str, Any] = {
         "test": {name: _metric_pair(test.label, s) for name, s in scores.items()},
-        "auc_by_encoding": by_encoding,
-        "serving_vs_forward_max_abs_diff": float(np.abs(scores["din"] - forward_probs).max()),
-        "training": {name: log for name, log in logs.items()},
+        "best_epoch": {name: log["best_epoch"] for name, log in logs.items()},
         "samples": {
             "train": len(split.train),
             "valid_users": len(split.valid),
@@ -270,7 +283,57 @@ def _train_and_evaluate(ds: Dataset, cfg: TrainConfig, *, progress: bool) -> Tra
             "candidates_per_user": int(test.cand.shape[1]),
         },
         "train_seconds": round(train_s, 1),
-        "eval_seconds": round(time.perf_counter() - started - train_s, 1),
+    }
+    return ProtocolRun(rankers, logs, scorer, table, scores, metrics)
+
+
+def _time_split(
+    ds: Dataset, cfg: TrainConfig, bar: tqdm, profiles: Profiles | None
+) -> dict[str, Any]:
+    """The time-split protocol's metrics, or why it could not run on this data."""
+    split: TimeSplit = build_time_split(
+        ds, history_len=cfg.history_len, n_negatives=cfg.n_negatives, seed=cfg.seed
+    )
+    found = {"cutoff_ms": split.cutoff_ms, "counts": split.counts}
+    if min(len(split.train), len(split.valid), len(split.test)) == 0:
+        return {**found, "not_run": "a split is empty: too few users active across the cutoff"}
+    started = time.perf_counter()
+    metrics = evaluate_protocol(ds, split, cfg, profiles=profiles, bar=bar).metrics
+    return {**found, **metrics, "seconds": round(time.perf_counter() - started, 1)}
+
+
+def _train_and_evaluate(ds: Dataset, cfg: TrainConfig, *, progress: bool) -> TrainResult:
+    started = time.perf_counter()
+    seed_everything(cfg.seed, cfg.threads)
+    split = build_samples(
+        ds, history_len=cfg.history_len, n_negatives=cfg.n_negatives, seed=cfg.seed
+    )
+    if len(split.train) == 0 or len(split.test) == 0:
+        raise ValueError("not enough data: every user needs at least 4 events")
+    protocols = 2 if cfg.time_split else 1
+    batches = -(-len(split.train) // cfg.batch_size) * cfg.epochs * 2 * protocols
+    profiles = build_profiles(ds) if cfg.profile else None
+    with tqdm(total=batches, desc="train base+din", unit="batch", disable=not progress) as bar:
+        run = evaluate_protocol(ds, split, cfg, profiles=profiles, bar=bar)
+        other_started = time.perf_counter()
+        time_split = _time_split(ds, cfg, bar, profiles) if cfg.time_split else None
+        other_s = time.perf_counter() - other_started
+    train_s = run.metrics["train_seconds"]
+    scores, test, table, scorer = run.scores, split.test, run.table, run.scorer
+    forward_probs = 1.0 / (1.0 + np.exp(-eval_logits(run.rankers["din"], test).astype(np.float64)))
+    by_encoding = {}
+    for enc in ENCODINGS:
+        enc_scores = serving_scores(scorer, roundtrip(table, enc), test, profiles=profiles)
+        by_encoding[enc] = round(auc(test.label, enc_scores), 5)
+    metrics: dict[str, Any] = {
+        "test": run.metrics["test"],
+        "auc_by_encoding": by_encoding,
+        "serving_vs_forward_max_abs_diff": float(np.abs(scores["din"] - forward_probs).max()),
+        "training": run.logs,
+        "samples": run.metrics["samples"],
+        "time_split": time_split,
+        "train_seconds": train_s,
+        "eval_seconds": round(time.perf_counter() - started - train_s - other_s, 1),
     }
     t = metrics["test"]
     metrics["goals"] = {
@@ -280,7 +343,7 @@ def _train_and_evaluate(ds: Dataset, cfg: TrainConfig, *, progress: bool) -> Tra
         and t["base"]["gauc"] > t["popularity"]["gauc"],
         "int8_within_0.002_auc_of_fp32": abs(by_encoding["int8"] - by_encoding["fp32"]) <= 0.002,
     }
-    return TrainResult(rankers["din"], rankers["base"], split, table, scores, metrics)
+    return TrainResult(run.rankers["din"], run.rankers["base"], split, table, scores, metrics)
 
 
 def feature_spec(ds: Dataset, cfg: TrainConfig) -> dict[str, Any]:

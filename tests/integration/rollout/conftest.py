@@ -20,7 +20,15 @@ def rollout_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     spec = ModelSpec(
         item_dim=16, id_dim=8, category_dim=8, attention_hidden=(16, 8), mlp_hidden=(16, 8)
     )
-    cfg = TrainConfig(epochs=4, batch_size=128, n_negatives=9, history_len=20, seed=3, spec=spec)
+    cfg = TrainConfig(
+        epochs=4,
+        batch_size=128,
+        n_negatives=9,
+        history_len=20,
+        seed=3,
+        spec=spec,
+        time_split=False,  # only the served model is needed
+    )
     result = train_and_evaluate(ds, cfg, progress=False)
     assert result.metrics["test"]["din"]["auc"] > 0.8, result.metrics["test"]
     out = tmp_path_factory.mktemp("rollout-model")

@@ -33,7 +33,15 @@ def train_tiny_artifact(out_dir: Path, *, seed: int) -> Path:
     spec = ModelSpec(
         item_dim=8, id_dim=4, category_dim=4, attention_hidden=(8, 4), mlp_hidden=(8, 4)
     )
-    cfg = TrainConfig(epochs=1, batch_size=128, n_negatives=4, history_len=20, seed=seed, spec=spec)
+    cfg = TrainConfig(
+        epochs=1,
+        batch_size=128,
+        n_negatives=4,
+        history_len=20,
+        seed=seed,
+        spec=spec,
+        time_split=False,  # only the served model is needed
+    )
     result = train_and_evaluate(ds, cfg, progress=False)
     return Path(export_artifact(result, ds, cfg, out_dir, encoding="int8"))
 
