@@ -77,3 +77,7 @@ class UnknownVersion(EmbeddingError):
 
 class ArtifactError(StreamrankError):
     """A model artifact is missing, corrupt or does not match its config."""
+
+
+class DatasetError(StreamrankError):
+    """A dataset could not be downloaded, or its files do not match their pinned checksums."""

@@ -2,7 +2,8 @@
 
 1. the stack: the embedded broker and Redis (unless they already answer), and the topics;
 2. a model: the newest artifact trained on the same data, else a quick training run
-   (MovieLens-100K when ``data_dir/ml-100k`` exists, else synthetic clicks); published + activated;
+   (MovieLens-100K when ``data_dir`` or ``data_cache_dir`` holds ``ml-100k``, else synthetic
+   clicks); published + activated;
 3. a features worker and a scoring worker as child processes (logs under ``run_dir/demo``);
 4. clicks produced continuously (the dataset's events in time order, ts = now) and rank
    requests for many users (the dataset's users, 20 candidates each); every few seconds either
@@ -103,16 +104,24 @@ def prepare_model(settings: Settings, *, synthetic: bool, progress: bool = True)
     from scoring.training.data import load_movielens
     from scoring.training.synthetic import generate
     from scoring.training.train import export_artifact, train_and_evaluate
+    from workbench.datasets import MOVIELENS_100K, dataset_roots, find_dataset
 
-    movielens = Path(settings.tools.data_dir) / "ml-100k"
-    if not synthetic and movielens.is_dir():
+    movielens = find_dataset(settings.tools, MOVIELENS_100K)
+    if not synthetic and movielens is not None:
         ds = load_movielens(movielens)
         epochs = DEMO_EPOCHS
         say(f"data: MovieLens-100K from {movielens} ({ds.n_events} ratings replayed as clicks)")
     else:
         ds = generate(n_users=SYNTHETIC_USERS, n_items=SYNTHETIC_ITEMS, seed=SYNTHETIC_SEED)
         epochs = SYNTHETIC_EPOCHS
-        why = "--synthetic" if synthetic else f"no MovieLens at {movielens}"
+        where = " or ".join(
+            str(root / MOVIELENS_100K.name) for root in dataset_roots(settings.tools)
+        )
+        why = (
+            "--synthetic"
+            if synthetic
+            else (f"no MovieLens in {where}; `streamrank data fetch movielens` downloads it")
+        )
         say(f"data: synthetic clicks ({why}; {ds.n_events} events, {SYNTHETIC_USERS} users)")
     root = Path(settings.tools.artifacts_dir)
     found = _matching_artifact(root, ds.sha256)

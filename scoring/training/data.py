@@ -229,7 +229,8 @@ def load_movielens(folder: Path) -> Dataset:
         return load_recbole(folder, inters[0].stem)
     raise ArtifactError(
         f"no MovieLens data in {folder}: expected ml-100k.inter (RecBole) or u.data (GroupLens); "
-        "pass --data DIR or set STREAMRANK_DATA_DIR to the folder holding ml-100k/"
+        "run `streamrank data fetch movielens`, pass --data DIR or set STREAMRANK_DATA_DIR to "
+        "the folder holding ml-100k/"
     )
 
 

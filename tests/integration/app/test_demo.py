@@ -40,6 +40,7 @@ def demo_env(tmp_path: Path, kafka_port: int, redis_port: int) -> dict[str, str]
         STREAMRANK_STACK_KAFKA_PORT=str(kafka_port),
         STREAMRANK_STACK_REDIS_PORT=str(redis_port),
         STREAMRANK_DATA_DIR=str(tmp_path / "no-data"),  # -> the synthetic model (seconds)
+        STREAMRANK_DATA_CACHE_DIR=str(tmp_path / "no-data"),  # even after a `data fetch`
         STREAMRANK_ARTIFACTS_DIR=str(tmp_path / "artifacts"),
         STREAMRANK_SCORING_BUDGET_MS="5000",  # a loaded CI host must not turn replies degraded
         PYTHONUNBUFFERED="1",
