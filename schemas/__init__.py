@@ -17,12 +17,14 @@ from schemas.decode import (
 )
 from schemas.messages import (
     DEFAULT_LIMITS,
+    MAX_TS_MS,
     ClickEvent,
     DeadLetter,
     KafkaHeaders,
     Limits,
     RankRequest,
     RankResult,
+    as_of_ms,
 )
 from schemas.reasons import is_error_reply, reason_code
 
@@ -42,6 +44,7 @@ def json_schema(name: str) -> dict[str, Any]:
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "MAX_TS_MS",
     "SCHEMA_FILES",
     "ClickEvent",
     "DeadLetter",
@@ -49,6 +52,7 @@ __all__ = [
     "Limits",
     "RankRequest",
     "RankResult",
+    "as_of_ms",
     "decode_click",
     "decode_dead_letter",
     "decode_request",

@@ -19,6 +19,7 @@ from schemas.messages import (
     ACTIONS,
     DEAD_LETTER_MAX_BYTES,
     DEFAULT_LIMITS,
+    MAX_TS_MS,
     Action,
     ClickEvent,
     DeadLetter,
@@ -111,7 +112,9 @@ def _all_plain_ids(values: list[Any], limits: Limits) -> bool:
     return _CONTROL.search("".join(values)) is None
 
 
-def _int(obj: dict[str, Any], name: str, *, required: bool, minimum: int = 0) -> Any:
+def _int(
+    obj: dict[str, Any], name: str, *, required: bool, minimum: int = 0, maximum: int | None = None
+) -> Any:
     if name not in obj or obj[name] is None:
         if required:
             reason = "missing_field" if name not in obj else "bad_type"
@@ -130,6 +133,12 @@ def _int(obj: dict[str, Any], name: str, *, required: bool, minimum: int = 0) ->
     if value < minimum:
         raise ContractError(
             f"field '{name}' must be >= {minimum}, got {value}", field=name, reason="bad_value"
+        )
+    if maximum is not None and value > maximum:
+        raise ContractError(
+            f"field '{name}' must be <= {maximum}, got {str(value)[:40]}",
+            field=name,
+            reason="bad_value",
         )
     return value
 
@@ -205,6 +214,7 @@ def decode_request(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> RankReq
         context=context,
         deadline_ms=_int(obj, "deadline_ms", required=False),
         reply_to=reply_to,
+        ts=_int(obj, "ts", required=False, maximum=MAX_TS_MS),
     )
 
 

@@ -39,6 +39,9 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
+# The largest event time a message may carry: the last millisecond of year 9999 (the end of
+# what a calendar, and Python's datetime, can name); anything beyond is a producer's bug.
+MAX_TS_MS = 253_402_300_799_999
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +69,20 @@ class RankRequest:
     context: dict[str, Any] | None = None
     deadline_ms: int | None = None  # epoch ms; None = the worker's default budget
     reply_to: str | None = None
+    ts: int | None = None  # epoch ms: the request's event time; None = the Kafka record's
 
     def to_json(self) -> bytes:
         return orjson.dumps(self)
+
+    def as_of_ms(self, record_ts_ms: int) -> int:
+        """The "as of" of every feature of this request (epoch ms): its ``ts``, else the
+        timestamp of the Kafka record that carried it."""
+        return record_ts_ms if self.ts is None else self.ts
+
+
+def as_of_ms(request: RankRequest, record_ts_ms: int) -> int:
+    """:meth:`RankRequest.as_of_ms` as a function."""
+    return request.as_of_ms(record_ts_ms)
 
 
 @dataclass(frozen=True, slots=True)

@@ -172,8 +172,10 @@ class RankClient:
         timeout: float | None = None,  # noqa: ASYNC109 - the documented API
         deadline_ms: int | None = None,
         request_id: str | None = None,
+        ts: int | None = None,
     ) -> RankResult:
-        """Score ``items`` for ``user_id``; raises :class:`RankTimeout` or :class:`RankRejected`."""
+        """Score ``items`` for ``user_id`` with features as of ``ts`` (epoch ms; default the
+        request's Kafka timestamp); raises :class:`RankTimeout` or :class:`RankRejected`."""
         timeout_s = self._default_timeout_s if timeout is None else timeout
         request = RankRequest(
             request_id=request_id or uuid.uuid4().hex,
@@ -184,6 +186,7 @@ class RankClient:
             reply_to=self._reply_topic
             if self._reply_topic != self._settings.topics.results
             else None,
+            ts=ts,
         )
         started = time.monotonic()
         future = await self.send(request)

@@ -12,9 +12,11 @@ its type, what it holds, how long it lives, who writes it and who reads it.
 builder               type    key, contents, lifetime, writer and readers
 ====================  ======  ======================================================================
 sequence              zset    ``sr:{u:<user>}:seq``: the user's latest events; score = event ts
-                              (epoch ms), member = ``event_id \\x1f item_id \\x1f category``
-                              (:func:`sequence_member`). Equal scores sort by member bytes, i.e. by
-                              event_id: the (ts, event_id) order the offline training code uses.
+                              (epoch ms), member = ``event_id \\x1f item_id \\x1f category \\x1f
+                              action`` (:func:`sequence_member`; members written before the
+                              action was kept have three fields). Equal scores sort by member
+                              bytes, i.e. by event_id: the (ts, event_id) order the offline
+                              training code uses.
                               Lifetime: capped at ``sequence_length``; TTL ``sequence_ttl_s``,
                               renewed on every write.
                               Writer: features workers (streams.writer). Readers: scoring workers
@@ -41,6 +43,18 @@ item_counter_bucket   hash    ``sr:{i:<shard>}:cnt:<res>:<start>``: the clicks i
                               Lifetime: as the user counter buckets.
                               Writer: features workers (streams.writer). Readers: scoring workers
                               (streams.reader).
+user_attributes       hash    ``sr:{u:<user>}:attr``: the user's offline attributes: field = attribute
+                              name (``age``, ``gender``, ``occupation``, ...), value = its value as
+                              text; in the user's slot, so it is read with the sequence.
+                              Lifetime: no TTL; rewritten (HSET) by every load.
+                              Writer: ``streamrank features load`` (streams.attributes). Readers:
+                              scoring workers (streams.batch_read).
+item_attributes       hash    ``sr:{i:<shard>}:attr``: the offline attributes of one shard's items
+                              (``shard`` = :func:`item_shard`): field = item id, value = a JSON
+                              object, e.g. ``{"category": "Action|Comedy"}``.
+                              Lifetime: no TTL; rewritten (HSET) by every load.
+                              Writer: ``streamrank features load`` (streams.attributes). Readers:
+                              scoring workers (streams.batch_read).
 item_seen             string  ``sr:{i:<shard>}:seen:<event_id>``: "1" once the event's item counts
                               are applied: the item shard's own dedupe marker (the user's marker
                               lives in another slot, and no script spans two).
@@ -167,6 +181,7 @@ in these functions alone.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterable
 from typing import Any
 
 PREFIX = "sr"
@@ -198,6 +213,12 @@ def user_counter_bucket(user_id: str, resolution_s: int, bucket_start_s: int) ->
     return f"{PREFIX}:{user_tag(user_id)}:cnt:{resolution_s}:{bucket_start_s}"
 
 
+def user_counter_buckets(user_id: str, resolution_s: int, starts: Iterable[int]) -> list[str]:
+    """:func:`user_counter_bucket` of each of ``starts`` (one window's buckets)."""
+    head = f"{PREFIX}:{user_tag(user_id)}:cnt:{resolution_s}:"
+    return [f"{head}{start}" for start in starts]
+
+
 def user_keys_pattern(user_glob: str) -> str:
     """SCAN MATCH pattern of every key of the users matching ``user_glob``."""
     return f"{PREFIX}:{{u:{user_glob}}}:*"
@@ -217,6 +238,22 @@ def item_tag(shard: int) -> str:
 def item_counter_bucket(shard: int, resolution_s: int, bucket_start_s: int) -> str:
     """One time bucket of the click counters of one shard's items (field = item id)."""
     return f"{PREFIX}:{item_tag(shard)}:cnt:{resolution_s}:{bucket_start_s}"
+
+
+def user_attributes(user_id: str) -> str:
+    """The offline attributes of one user (hash: name -> value), in the user's slot."""
+    return f"{PREFIX}:{user_tag(user_id)}:attr"
+
+
+def item_attributes(shard: int) -> str:
+    """The offline attributes of one shard's items (hash: item id -> JSON object)."""
+    return f"{PREFIX}:{item_tag(shard)}:attr"
+
+
+def item_counter_buckets(shard: int, resolution_s: int, starts: Iterable[int]) -> list[str]:
+    """:func:`item_counter_bucket` of each of ``starts`` (one window's buckets)."""
+    head = f"{PREFIX}:{item_tag(shard)}:cnt:{resolution_s}:"
+    return [f"{head}{start}" for start in starts]
 
 
 def item_seen(shard: int, event_id: str) -> str:
@@ -292,9 +329,12 @@ def model_split() -> str:
     return f"{PREFIX}:{{model}}:split"
 
 
-def sequence_member(event_id: str, item_id: str, category: str | None) -> str:
-    """The member of one event in a user's sequence (category ``None`` is stored empty)."""
-    return f"{event_id}{FIELD_SEP}{item_id}{FIELD_SEP}{category or ''}"
+def sequence_member(
+    event_id: str, item_id: str, category: str | None, action: str | None = None
+) -> str:
+    """The member of one event in a user's sequence (category or action ``None`` is stored
+    empty)."""
+    return f"{event_id}{FIELD_SEP}{item_id}{FIELD_SEP}{category or ''}{FIELD_SEP}{action or ''}"
 
 
 def category_field(category: str) -> str:

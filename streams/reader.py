@@ -2,24 +2,30 @@
 
 ``FeatureReader(*, redis, features)`` (``features``: the features settings):
 
+- ``await read_batch(queries, counters=..., attributes=...)`` -> one ``RequestFeatures`` per
+  ``FeatureQuery(user_id, as_of_ms, items)``: the user's sequence before ``as_of_ms``, counters
+  and attributes, and each candidate's counters and category, all as of the query's time
+  (:mod:`streams.batch_read`).
 - ``await get_sequences(user_ids)`` -> ``{user_id: [SequenceEvent, ...]}`` oldest first, ordered
   by (ts, event_id), at most ``sequence_length`` events; an unknown user maps to ``[]``.
 - ``await get_counters(user_ids=..., item_ids=..., at_ms=None)`` -> ``{"users": {user_id:
   {"clicks_1h", "clicks_24h", "categories_24h": {category: n}}}, "items": {item_id:
-  {"clicks_1h", "clicks_24h"}}}``, windows ending at ``at_ms`` (default: now).
+  {"clicks_1h", "clicks_24h"}}}``, as of ``at_ms`` (default: now).
 - ``await item_popularity(item_ids)`` -> int64 array of 24 h clicks, aligned with ``item_ids``.
 
-Each read is one pipeline per Redis node (:class:`streamrank.redis.pipeline.NodePipeline`): on a
-cluster the nodes are read concurrently, so a batch still costs one round trip of wall time.
-Item counters are read per item shard (:func:`streamrank.keys.item_shard`): one ``HMGET`` per
-(shard, bucket) for the items of that shard.
+Windows are point in time: the closed buckets of :func:`streams.windows.closed_range`, so no
+event at or after the as-of time is counted. Each read is one pipeline per Redis node
+(:class:`streamrank.redis.pipeline.NodePipeline`): on a cluster the nodes are read
+concurrently, so a batch still costs one round trip of wall time. Item counters are read per
+item shard (:func:`streamrank.keys.item_shard`): one ``HMGET`` per (shard, bucket) for the
+items of that shard.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -28,43 +34,30 @@ from streamrank.redis.client import redis_client
 from streamrank.redis.errors import redis_call
 from streamrank.redis.pipeline import NodePipeline
 from streamrank.settings import FeatureSettings, Settings
-from streams.windows import Window, window_buckets, windows_from_settings
+from streams.batch_read import (
+    READ_LUA,
+    FeatureQuery,
+    ItemFeatures,
+    RequestFeatures,
+    UserFeatures,
+    read_batch,
+)
+from streams.sequence import SequenceEvent, parse_member, parse_sequence
+from streams.windows import Window, closed_buckets, windows_from_settings
+
+__all__ = [
+    "FeatureQuery",
+    "FeatureReader",
+    "ItemFeatures",
+    "RequestFeatures",
+    "SequenceEvent",
+    "UserFeatures",
+    "parse_member",
+    "parse_sequence",
+    "read_user_features",
+]
 
 _CATEGORY_PREFIX = keys.category_field("")
-
-
-class SequenceEvent(NamedTuple):
-    """One event of a user's behaviour sequence (a tuple: the scoring worker builds one per
-    event of every request, and a tuple is the cheapest record to build)."""
-
-    item_id: str
-    category: str | None
-    ts: int  # epoch ms
-    event_id: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "item_id": self.item_id,
-            "category": self.category,
-            "ts": self.ts,
-            "event_id": self.event_id,
-        }
-
-
-def parse_member(member: bytes | str, score: float | bytes) -> SequenceEvent:
-    """Inverse of ``keys.sequence_member``."""
-    text = member.decode() if isinstance(member, bytes) else member
-    event_id, item_id, category = text.split(keys.FIELD_SEP, 2)
-    return SequenceEvent(item_id, category or None, int(float(score)), event_id)
-
-
-def parse_sequence(reply: Sequence[Any]) -> list[SequenceEvent]:
-    """A ``ZRANGE ... WITHSCORES`` reply as the parser gives it without redis-py's callback:
-    ``[[member, score], ...]`` (RESP3 or hiredis) or flat ``[member, score, ...]`` (RESP2)."""
-    if reply and not isinstance(reply[0], bytes | str):
-        return [parse_member(member, score) for member, score in reply]
-    pairs = iter(reply)
-    return [parse_member(member, score) for member, score in zip(pairs, pairs, strict=True)]
 
 
 def _int(value: Any) -> int:
@@ -77,6 +70,22 @@ class FeatureReader:
     def __init__(self, *, redis: Any, features: FeatureSettings) -> None:
         self._redis = redis
         self._fine, self._coarse = windows_from_settings(features)
+        self._script: Any = redis.register_script(READ_LUA)
+
+    async def read_batch(
+        self, queries: Sequence[FeatureQuery], *, counters: bool, attributes: bool
+    ) -> list[RequestFeatures]:
+        """Each query's features as of its time, aligned with ``queries``, in one round trip
+        (:mod:`streams.batch_read`). Without ``counters`` the counts are 0; without
+        ``attributes`` the attributes are ``{}`` and the categories None."""
+        return await read_batch(
+            self._redis,
+            self._script,
+            (self._fine, self._coarse),
+            queries,
+            counters=counters,
+            attributes=attributes,
+        )
 
     async def _run(self, pipe: NodePipeline) -> list[Any]:
         with redis_call("the feature read", "retry later or serve without features"):
@@ -103,12 +112,13 @@ class FeatureReader:
         item_ids: Iterable[str] = (),
         at_ms: int | None = None,
     ) -> dict[str, dict[str, dict[str, Any]]]:
-        """Windowed counters of users and items ending at ``at_ms`` (one round trip)."""
+        """Windowed counters of users and items as of ``at_ms`` (default now): the closed
+        buckets of :func:`streams.windows.closed_range` (one round trip)."""
         now_ms = clock.now_ms() if at_ms is None else at_ms
         users = list(dict.fromkeys(user_ids))
         items = list(dict.fromkeys(item_ids))
-        fine_buckets = window_buckets(now_ms, self._fine)
-        coarse_buckets = window_buckets(now_ms, self._coarse)
+        fine_buckets = list(closed_buckets(now_ms, self._fine))
+        coarse_buckets = list(closed_buckets(now_ms, self._coarse))
         pipe = NodePipeline(self._redis)
         for user in users:
             for start in fine_buckets:
@@ -155,18 +165,19 @@ class FeatureReader:
     async def item_popularity(
         self, item_ids: Sequence[str], *, at_ms: int | None = None
     ) -> np.ndarray:
-        """24 h clicks of each item (int64, aligned with ``item_ids``; ids may repeat)."""
+        """24 h clicks of each item as of ``at_ms`` (default now; closed buckets, as
+        :meth:`get_counters`): int64, aligned with ``item_ids`` (ids may repeat)."""
         if not len(item_ids):
             return np.zeros(0, dtype=np.int64)
         now_ms = clock.now_ms() if at_ms is None else at_ms
-        buckets = window_buckets(now_ms, self._coarse)
+        buckets = list(closed_buckets(now_ms, self._coarse))
         pipe = NodePipeline(self._redis)
         reads = self._queue_item_reads(pipe, list(item_ids), buckets, self._coarse)
         return reads.totals(await self._run(pipe))
 
     @staticmethod
     def _queue_item_reads(
-        pipe: NodePipeline, items: list[str], buckets: list[int], window: Window
+        pipe: NodePipeline, items: list[str], buckets: Sequence[int], window: Window
     ) -> ItemReads:
         """One HMGET per (item shard, bucket) for the shard's items; see :class:`ItemReads`."""
         by_shard: dict[int, list[int]] = {}
@@ -201,17 +212,29 @@ class ItemReads:
         return totals
 
 
-async def read_user_features(settings: Settings, user_id: str) -> dict[str, Any]:
-    """``{"user_id", "sequence": [...] (oldest first), "counters": {...}}`` of one user."""
+async def read_user_features(
+    settings: Settings, user_id: str, *, as_of_ms: int | None = None
+) -> dict[str, Any]:
+    """``{"user_id", "as_of", "sequence": [...] (oldest first), "counters": {...},
+    "attributes": {...}}`` of one user as of ``as_of_ms`` (default now): the events before
+    it, the closed windows."""
+    as_of = clock.now_ms() if as_of_ms is None else as_of_ms
     client = redis_client(settings.redis)
     try:
         reader = FeatureReader(redis=client, features=settings.features)
-        sequences = await reader.get_sequences([user_id])
-        counters = await reader.get_counters(user_ids=[user_id])
+        query = FeatureQuery(user_id, as_of, ())
+        (found,) = await reader.read_batch([query], counters=True, attributes=True)
     finally:
         await client.aclose()
+    user = found.user
     return {
         "user_id": user_id,
-        "sequence": [event.to_dict() for event in sequences[user_id]],
-        "counters": counters["users"][user_id],
+        "as_of": as_of,
+        "sequence": [event.to_dict() for event in user.sequence],
+        "counters": {
+            "clicks_1h": user.clicks_1h,
+            "clicks_24h": user.clicks_24h,
+            "categories_24h": user.categories_24h,
+        },
+        "attributes": user.attributes,
     }

@@ -80,3 +80,10 @@ def closed_buckets(as_of_ms: int, window: Window) -> range:
     """Starts of the buckets in :func:`closed_range`, oldest first."""
     lo, hi = closed_range(as_of_ms, window)
     return range(lo, hi, window.resolution_s)
+
+
+def counted_from_ms(ts_ms: int, window: Window) -> int:
+    """The earliest as-of time (epoch ms) whose :func:`closed_range` of ``window`` counts an
+    event at ``ts_ms``: the end of the event's bucket (it stays counted for one window length
+    from then)."""
+    return (bucket_start(ts_ms, window.resolution_s) + window.resolution_s) * 1000

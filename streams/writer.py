@@ -281,7 +281,7 @@ class _Assembly:
             (
                 ug.user(user),
                 str(event.ts),
-                keys.sequence_member(event.event_id, event.item_id, event.category),
+                keys.sequence_member(event.event_id, event.item_id, event.category, event.action),
                 ufine,
                 ucoarse,
                 keys.category_field(event.category) if event.category else "",

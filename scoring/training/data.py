@@ -23,14 +23,13 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from scoring.training.movielens_files import (
+    atomic_header,
+    need_columns,
+    read_item_genres,
+    read_user_attributes,
+)
 from streamrank.errors import ArtifactError, ConfigError
-
-# The 19 genre flags of GroupLens u.item, in column order.
-GROUPLENS_GENRES: tuple[str, ...] = (
-    "unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime",
-    "Documentary", "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery",
-    "Romance", "Sci-Fi", "Thriller", "War", "Western",
-)  # fmt: skip
 
 IntArray = npt.NDArray[np.int64]
 
@@ -123,19 +122,6 @@ def _build(
     )
 
 
-def _atomic_header(line: str, path: Path) -> dict[str, int]:
-    cols = {}
-    for pos, col in enumerate(line.rstrip("\n").split("\t")):
-        cols[col.split(":", 1)[0]] = pos
-    return cols
-
-
-def _need(cols: dict[str, int], names: tuple[str, ...], path: Path) -> None:
-    missing = [n for n in names if n not in cols]
-    if missing:
-        raise ConfigError(f"{path}: header lacks column(s) {', '.join(missing)}")
-
-
 def load_recbole(folder: Path, name: str = "ml-100k") -> Dataset:
     """RecBole atomic files ``{name}.inter`` (+ optional ``.item`` with ``class``, ``.user``)."""
     inter = folder / f"{name}.inter"
@@ -143,8 +129,8 @@ def load_recbole(folder: Path, name: str = "ml-100k") -> Dataset:
     read = [inter]
     users, items, ts = [], [], []
     with inter.open(encoding="utf-8") as fh:
-        cols = _atomic_header(fh.readline(), inter)
-        _need(cols, ("user_id", "item_id", "timestamp"), inter)
+        cols = atomic_header(fh.readline(), inter)
+        need_columns(cols, ("user_id", "item_id", "timestamp"), inter)
         u, i, t = cols["user_id"], cols["item_id"], cols["timestamp"]
         for lineno, line in enumerate(fh, start=2):
             parts = line.rstrip("\n").split("\t")
@@ -156,24 +142,11 @@ def load_recbole(folder: Path, name: str = "ml-100k") -> Dataset:
     genre_lists: dict[str, list[str]] = {}
     if item_file.exists():
         read.append(item_file)
-        with item_file.open(encoding="utf-8") as fh:
-            cols = _atomic_header(fh.readline(), item_file)
-            _need(cols, ("item_id",), item_file)
-            gcol = cols.get("class", cols.get("genre"))
-            for line in fh:
-                parts = line.rstrip("\n").split("\t")
-                if gcol is not None and gcol < len(parts):
-                    genre_lists[parts[cols["item_id"]]] = parts[gcol].split()
+        genre_lists = read_item_genres(item_file)
     profiles: dict[str, dict[str, str]] = {}
     if user_file.exists():
         read.append(user_file)
-        with user_file.open(encoding="utf-8") as fh:
-            cols = _atomic_header(fh.readline(), user_file)
-            for line in fh:
-                parts = line.rstrip("\n").split("\t")
-                profiles[parts[cols["user_id"]]] = {
-                    k: parts[c] for k, c in cols.items() if k in ("age", "gender", "occupation")
-                }
+        profiles = read_user_attributes(user_file)
     return _build(name, users, items, ts, genre_lists, _sha256_files(read), profiles)
 
 
@@ -194,24 +167,11 @@ def load_grouplens(folder: Path) -> Dataset:
     genre_lists: dict[str, list[str]] = {}
     if item_file.exists():
         read.append(item_file)
-        # The GroupLens u.item is Latin-1 (accented titles).
-        for lineno, line in enumerate(item_file.read_text(encoding="latin-1").splitlines(), 1):
-            if not line.strip():
-                continue
-            parts = line.split("|")
-            if len(parts) < 5 + len(GROUPLENS_GENRES):
-                raise ConfigError(f"{item_file}:{lineno}: expected 19 genre flags after 5 fields")
-            flags = parts[-len(GROUPLENS_GENRES) :]
-            genre_lists[parts[0]] = [
-                g for g, f in zip(GROUPLENS_GENRES, flags, strict=True) if f == "1"
-            ]
+        genre_lists = read_item_genres(item_file)
     profiles: dict[str, dict[str, str]] = {}
     if user_file.exists():
         read.append(user_file)
-        for line in user_file.read_text(encoding="latin-1").splitlines():
-            parts = line.split("|")
-            if len(parts) >= 4:
-                profiles[parts[0]] = {"age": parts[1], "gender": parts[2], "occupation": parts[3]}
+        profiles = read_user_attributes(user_file)
     return _build("ml-100k", users, items, ts, genre_lists, _sha256_files(read), profiles)
 
 

@@ -279,6 +279,7 @@ async def features_scenario(
     base: Settings, args: argparse.Namespace, *, logs: Path
 ) -> dict[str, Any]:
     from streams.reader import FeatureReader
+    from streams.windows import counted_from_ms, windows_from_settings
 
     tag = uuid.uuid4().hex[:6]
     s = base.with_env(
@@ -343,7 +344,10 @@ async def features_scenario(
                     if in_sequences >= sent or time.monotonic() > deadline:
                         break
                     await asyncio.sleep(0.5)
-                counters = await reader.get_counters(user_ids=users)
+                # as of the end of the current fine bucket: the run's clicks are all in
+                fine, _coarse = windows_from_settings(s.features)
+                as_of = counted_from_ms(clock.now_ms() + 1000, fine)
+                counters = await reader.get_counters(user_ids=users, at_ms=as_of)
                 counted = sum(c["clicks_1h"] for c in counters["users"].values())
             finally:
                 await redis.aclose()

@@ -17,18 +17,33 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-async def rank_once(settings: Settings, user: str, items: list[str], timeout_s: float) -> Any:
+async def rank_once(
+    settings: Settings, user: str, items: list[str], timeout_s: float, ts: int | None = None
+) -> Any:
     from scoring.client import RankClient
 
     async with RankClient(settings=settings) as client:
-        return await client.rank(user, items, timeout=timeout_s)
+        return await client.rank(user, items, timeout=timeout_s, ts=ts)
+
+
+def _epoch_ms(text: str) -> int:
+    """An epoch-ms flag value, checked as the request contract checks ``ts``."""
+    from schemas import MAX_TS_MS
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer (epoch ms): {text!r}") from None
+    if not 0 <= value <= MAX_TS_MS:
+        raise argparse.ArgumentTypeError(f"epoch ms must be in 0..{MAX_TS_MS}, got {value}")
+    return value
 
 
 def _rank(args: argparse.Namespace, settings: Settings) -> int:
     from workbench.cli.common import print_json
 
     items = [i.strip() for i in args.items.split(",") if i.strip()]
-    result = asyncio.run(rank_once(settings, args.user, items, args.timeout))
+    result = asyncio.run(rank_once(settings, args.user, items, args.timeout, args.ts))
     if args.json:
         print_json(result)
         return 0
@@ -84,6 +99,13 @@ def register(sub: Any) -> None:
     rank.add_argument("--user", required=True, help="user id")
     rank.add_argument("--items", required=True, help="comma-separated item ids")
     rank.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the reply")
+    rank.add_argument(
+        "--ts",
+        type=_epoch_ms,
+        default=None,
+        metavar="MS",
+        help="the request's time (epoch ms): features as of then (default: the Kafka timestamp)",
+    )
     rank.add_argument("--json", action="store_true", help="print the RankResult as JSON")
     rank.set_defaults(func=_rank)
 

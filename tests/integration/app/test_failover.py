@@ -21,7 +21,7 @@ from streamrank.kafka.topics import create_topics
 from streamrank.redis.client import redis_client
 from streamrank.settings import Settings
 from streams.reader import FeatureReader
-from tests.integration.support.features import poll, sequence_members
+from tests.integration.support.features import counted_at, poll, sequence_members
 from tests.integration.support.scoring import item_ids, publish
 from workbench.devstack.cluster import LocalCluster, cluster_info
 from workbench.devstack.processes import start_worker
@@ -182,8 +182,9 @@ async def _under_load(
     await poll(all_applied, timeout_s=120, what=f"all {total} clicks in the sequences")
     client = redis_client(reader_settings.redis)
     try:
+        newest = max(ts for events in sent.values() for ts, _e, _i in events)
         counters = await FeatureReader(redis=client, features=settings.features).get_counters(
-            user_ids=users, item_ids=items
+            user_ids=users, item_ids=items, at_ms=counted_at(settings, newest, "24h")
         )
     finally:
         await client.aclose()
@@ -273,7 +274,7 @@ async def test_slots_moved_under_load_lose_nothing_and_apply_nothing_twice(
             await processor.stop()
         moved = {n.port: n.slots for n in cluster.nodes() if n.role == "master"}
         assert moved[target] >= 5461 + 2000 - 1 and moved[source] <= 5462 - 2000
-        counters = await reader.get_counters(user_ids=users, at_ms=now)
+        counters = await reader.get_counters(user_ids=users, at_ms=counted_at(settings, now, "24h"))
         await reader_client.aclose()
         assert sum(c["clicks_24h"] for c in counters["users"].values()) == sent
         expected = Counter(users[k % len(users)] for k in range(sent))

@@ -290,9 +290,10 @@ async def test_size_limits_hold_end_to_end(hostile: Hostile) -> None:
     client = redis_client(s.redis)
     try:
         from streams.reader import FeatureReader
+        from tests.integration.support.features import counted_at
 
         counters = await FeatureReader(redis=client, features=s.features).get_counters(
-            user_ids=[one_user]
+            user_ids=[one_user], at_ms=counted_at(s, now + 10_000, "1h")
         )
     finally:
         await client.aclose()

@@ -16,6 +16,7 @@ from streams.reader import FeatureReader
 from tests.integration.support.features import (
     click,
     committed_offsets,
+    counted_at,
     metric,
     poll,
     produce,
@@ -39,8 +40,9 @@ def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
 async def total_clicks(settings: Settings, users: list[str]) -> int:
     client = redis_client(settings.redis)
     try:
+        # as of the end of the current fine bucket: every click made in the last 55 min is in
         counters = await FeatureReader(redis=client, features=settings.features).get_counters(
-            user_ids=users
+            user_ids=users, at_ms=counted_at(settings, int(time.time() * 1000) + 5000, "1h")
         )
     finally:
         await client.aclose()

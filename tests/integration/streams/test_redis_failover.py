@@ -23,7 +23,13 @@ from streams.metrics import FeatureMetrics
 from streams.processor import FeatureProcessor
 from streams.reader import FeatureReader
 from tests.integration.support.faults import ReplyDroppingProxy, wait_replicated
-from tests.integration.support.features import click, poll, produce, sequence_members
+from tests.integration.support.features import (
+    click,
+    counted_at,
+    poll,
+    produce,
+    sequence_members,
+)
 from workbench.devstack.processes import WorkerProcess, start_worker
 from workbench.devstack.servers import private_redis
 
@@ -50,8 +56,9 @@ async def applied_exactly_once(settings: Settings, users: list[str], unique: str
     assert sorted(e for m in members.values() for e in m) == [f"{unique}-{i:05d}" for i in range(n)]
     client = redis_client(settings.redis)
     try:
+        # as of the end of the current fine bucket: every click made in the last 55 min is in
         counters = await FeatureReader(redis=client, features=settings.features).get_counters(
-            user_ids=users
+            user_ids=users, at_ms=counted_at(settings, int(time.time() * 1000) + 1000, "1h")
         )
     finally:
         await client.aclose()

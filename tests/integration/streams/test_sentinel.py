@@ -19,6 +19,7 @@ from streams.classify import Record
 from streams.metrics import FeatureMetrics
 from streams.processor import FeatureProcessor
 from streams.reader import FeatureReader
+from tests.integration.support.features import counted_at
 from workbench.devstack.sentinel import LocalSentinel
 
 pytestmark = [
@@ -73,7 +74,9 @@ async def test_features_follow_the_master_through_a_sentinel_failover(
         client = redis_client(settings.redis)
         try:
             reader = FeatureReader(redis=client, features=settings.features)
-            counters = await reader.get_counters(user_ids=users, at_ms=now)
+            counters = await reader.get_counters(
+                user_ids=users, at_ms=counted_at(settings, now, "24h")
+            )
             sequences = await reader.get_sequences(users)
             info = await client.info("server")
         finally:

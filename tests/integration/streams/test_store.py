@@ -18,6 +18,7 @@ from streams.reader import FeatureReader, SequenceEvent
 from streams.windows import windows_from_settings
 from streams.writer import BatchCalls, BatchWriter, SlotOf, assemble
 from tests.integration.support.embeddings import RoundTrips, commandstats
+from tests.integration.support.features import counted_at
 
 # The batch script runs once per hash-slot group and reads are one pipeline per node: the
 # cluster pass of `make test` runs this module too.
@@ -77,17 +78,16 @@ async def test_sequence_order_out_of_order_arrivals_and_redelivery(
     seqs = await reader.get_sequences([user, f"nobody-{unique}"])
     assert seqs[f"nobody-{unique}"] == []
     assert seqs[user] == [
-        SequenceEvent("i0", "drama", now - 9000, f"{unique}-0000"),
-        SequenceEvent("i1", "comedy", now - 5000, f"{unique}-0001"),
-        SequenceEvent("i2", None, now, f"{unique}-0002"),
-        SequenceEvent("i3", "drama", now, f"{unique}-0003"),
+        SequenceEvent("i0", "drama", now - 9000, f"{unique}-0000", "click"),
+        SequenceEvent("i1", "comedy", now - 5000, f"{unique}-0001", "click"),
+        SequenceEvent("i2", None, now, f"{unique}-0002", "click"),
+        SequenceEvent("i3", "drama", now, f"{unique}-0003", "click"),
     ]
-    counters = await reader.get_counters(user_ids=[user], item_ids=["i3-" + unique], at_ms=now)
-    assert counters["users"][user] == {
-        "clicks_1h": 4,
-        "clicks_24h": 4,
-        "categories_24h": {"comedy": 1, "drama": 2},
-    }
+    day = await reader.get_counters(user_ids=[user], at_ms=counted_at(settings, now, "24h"))
+    assert day["users"][user]["clicks_24h"] == 4
+    assert day["users"][user]["categories_24h"] == {"comedy": 1, "drama": 2}
+    hour = await reader.get_counters(user_ids=[user], at_ms=counted_at(settings, now, "1h"))
+    assert hour["users"][user]["clicks_1h"] == 4
 
 
 async def test_cap_drops_oldest_and_ttls_are_set(make_settings, redis, unique) -> None:  # type: ignore[no-untyped-def]
@@ -129,15 +129,16 @@ async def test_windows_follow_event_time_and_buckets_expire(make_settings, redis
     reader = FeatureReader(redis=redis, features=settings.features)
     user, item_a, item_b = f"u-{unique}", f"ia-{unique}", f"ib-{unique}"
     now = int(time.time() * 1000)
+    at = counted_at(settings, now, "24h")  # a coarse bucket boundary, at most 10 min ahead
     hour, minute = 3600 * 1000, 60 * 1000
     events = [
-        ClickEvent(f"{unique}-1", user, item_a, now - 5 * minute, "drama"),  # in 1 h and 24 h
-        ClickEvent(f"{unique}-2", user, item_a, now - 3 * hour, "drama"),  # only 24 h
-        ClickEvent(f"{unique}-3", user, item_b, now - 23 * hour, "comedy"),  # only 24 h
-        ClickEvent(f"{unique}-4", user, item_b, now - 30 * hour, "comedy"),  # no window
+        ClickEvent(f"{unique}-1", user, item_a, at - 5 * minute, "drama"),  # in 1 h and 24 h
+        ClickEvent(f"{unique}-2", user, item_a, at - 3 * hour, "drama"),  # only 24 h
+        ClickEvent(f"{unique}-3", user, item_b, at - 23 * hour, "comedy"),  # only 24 h
+        ClickEvent(f"{unique}-4", user, item_b, at - 30 * hour, "comedy"),  # no window
     ]
     assert await write(events, now) == 4
-    got = await reader.get_counters(user_ids=[user], item_ids=[item_a, item_b], at_ms=now)
+    got = await reader.get_counters(user_ids=[user], item_ids=[item_a, item_b], at_ms=at)
     assert got["users"][user] == {
         "clicks_1h": 1,
         "clicks_24h": 3,
@@ -147,20 +148,21 @@ async def test_windows_follow_event_time_and_buckets_expire(make_settings, redis
         item_a: {"clicks_1h": 1, "clicks_24h": 2},
         item_b: {"clicks_1h": 0, "clicks_24h": 1},
     }
-    pop = await reader.item_popularity([item_b, item_a, f"none-{unique}", item_a], at_ms=now)
+    pop = await reader.item_popularity([item_b, item_a, f"none-{unique}", item_a], at_ms=at)
     assert pop.tolist() == [1, 2, 0, 2]
     # Two hours later the 5-minute-old click has left the 1 h window and the 23 h old one
     # (now 25 h old) the 24 h window.
-    later = await reader.get_counters(user_ids=[user], at_ms=now + 2 * hour)
+    later = await reader.get_counters(user_ids=[user], at_ms=at + 2 * hour)
     assert later["users"][user]["clicks_1h"] == 0
     assert later["users"][user]["clicks_24h"] == 2
-    assert (await reader.item_popularity([item_b], at_ms=now + 2 * hour)).tolist() == [0]
+    assert (await reader.item_popularity([item_b], at_ms=at + 2 * hour)).tolist() == [0]
     # The 30 h old event's buckets were never written; the others expire by themselves.
-    old_bucket = (now - 30 * hour) // 1000 // 600 * 600
+    old_bucket = (at - 30 * hour) // 1000 // 600 * 600
     assert not await redis.exists(keys.user_counter_bucket(user, 600, old_bucket))
-    fine_bucket = (now - 5 * minute) // 1000 // 60 * 60
+    fine_bucket = (at - 5 * minute) // 1000 // 60 * 60
     ttl = await redis.pttl(keys.user_counter_bucket(user, 60, fine_bucket))
-    assert 0 < ttl <= (60 + 3600) * 1000
+    expire_at = (fine_bucket + 60 + 3600) * 1000  # bucket end + window + lateness 0
+    assert ttl > 0 and abs(int(time.time() * 1000) + ttl - expire_at) < 2000
 
 
 async def connections_received(redis: Any) -> int:
@@ -225,7 +227,8 @@ async def test_a_batch_split_by_slot_equals_one_call_and_a_partial_write_is_retr
     async def state(tag: str) -> object:
         users, items = [f"{tag}-u{u}" for u in range(8)], [f"{tag}-i{i}" for i in range(30)]
         seqs = {u: [e.to_dict() for e in s] for u, s in (await reader.get_sequences(users)).items()}
-        counters = await reader.get_counters(user_ids=users, item_ids=items, at_ms=now)
+        at = counted_at(settings, now, "24h")
+        counters = await reader.get_counters(user_ids=users, item_ids=items, at_ms=at)
         return strip(tag, {"seqs": seqs, "counters": counters})
 
     sx = await state(x)
@@ -272,8 +275,9 @@ async def test_batches_commute_so_two_can_be_in_flight(make_settings, redis, uni
     seq_y = {u: [e.to_dict() for e in s] for u, s in (await reader.get_sequences(users(y))).items()}
     assert strip(x, seq_x) == strip(y, seq_y)
     assert all(len(s) == 4 for s in seq_x.values())
-    cnt_x = await reader.get_counters(user_ids=users(x), item_ids=items(x), at_ms=now)
-    cnt_y = await reader.get_counters(user_ids=users(y), item_ids=items(y), at_ms=now)
+    at = counted_at(settings, now, "1h")
+    cnt_x = await reader.get_counters(user_ids=users(x), item_ids=items(x), at_ms=at)
+    cnt_y = await reader.get_counters(user_ids=users(y), item_ids=items(y), at_ms=at)
     assert strip(x, cnt_x) == strip(y, cnt_y)
     assert sum(c["clicks_1h"] for c in cnt_x["users"].values()) == 40
 

@@ -20,6 +20,7 @@ from streams.reader import FeatureReader
 from tests.integration.support.features import (
     click,
     committed_offsets,
+    counted_at,
     get_json,
     metric,
     poll,
@@ -159,7 +160,7 @@ async def test_worker_applies_forwards_and_dead_letters(
         assert len(flat) == len(set(flat)) == 320  # redeliveries not inserted twice
         client = redis_client(settings.redis)
         counters = await FeatureReader(redis=client, features=settings.features).get_counters(
-            user_ids=users
+            user_ids=users, at_ms=counted_at(settings, now, "1h")
         )
         await client.aclose()
         assert sum(c["clicks_1h"] for c in counters["users"].values()) == 320  # none counted twice
@@ -167,7 +168,17 @@ async def test_worker_applies_forwards_and_dead_letters(
         if path == "batch":  # the CLI view of one user
             shown = await asyncio.to_thread(
                 subprocess.run,
-                [sys.executable, "-m", "workbench.cli", "features", "--user", users[3], "--json"],
+                [
+                    sys.executable,
+                    "-m",
+                    "workbench.cli",
+                    "features",
+                    "--user",
+                    users[3],
+                    "--json",
+                    "--as-of",
+                    str(counted_at(settings, now, "24h")),
+                ],
                 capture_output=True,
                 env={**os.environ, **settings.as_env()},
                 check=True,
@@ -175,8 +186,9 @@ async def test_worker_applies_forwards_and_dead_letters(
             view = orjson.loads(shown.stdout)
             assert view["user_id"] == users[3]
             assert [e["event_id"] for e in view["sequence"]] == members[users[3]]
-            assert set(view["sequence"][0]) == {"item_id", "category", "ts", "event_id"}
-            assert view["counters"]["clicks_1h"] == 32  # 30 keyed + 2 unkeyed
+            assert set(view["sequence"][0]) == {"item_id", "category", "ts", "event_id", "action"}
+            assert view["sequence"][0]["action"] == "click"  # the contract's default
+            assert view["counters"]["clicks_24h"] == 32  # 30 keyed + 2 unkeyed
             assert view["counters"]["categories_24h"] == {"drama": 32}
 
         letters = await read_dead_letters(settings, expected=5)

@@ -18,12 +18,20 @@ from streamrank import keys
 from streamrank.redis.client import redis_client
 from streamrank.redis.pipeline import NodePipeline
 from streamrank.settings import Settings
+from streams.windows import counted_from_ms, windows_from_settings
 
 
 def click(event_id: str, user: str, item: str, ts: int, category: str | None = "drama") -> bytes:
     return orjson.dumps(
         {"event_id": event_id, "user_id": user, "item_id": item, "ts": ts, "category": category}
     )
+
+
+def counted_at(settings: Settings, newest_ts_ms: int, window: str) -> int:
+    """An as-of time (epoch ms) whose closed ``window`` ("1h" or "24h") counts every click from
+    ``newest_ts_ms`` back to 55 min (1 h) or 23 h (24 h) before it: the end of its bucket."""
+    fine, coarse = windows_from_settings(settings.features)
+    return counted_from_ms(newest_ts_ms, fine if window == "1h" else coarse)
 
 
 async def produce(settings: Settings, messages: Iterable[tuple[bytes | None, bytes]]) -> int:

@@ -21,6 +21,7 @@ from streamrank.kafka.topics import create_topics
 from streamrank.redis.client import redis_client
 from streamrank.settings import Settings
 from streams.reader import FeatureReader
+from tests.integration.support.features import counted_at
 from tests.integration.support.scoring import item_ids, publish
 from workbench.bench.drive import Run, load_run, per_user
 from workbench.devstack.processes import (
@@ -178,8 +179,10 @@ async def redis_state(
         for user in users:
             pipe.zrange(keys.sequence(user), 0, -1)
         members = await pipe.execute()
+        # as of the end of the current fine bucket: every click made in the last 55 min is in
+        as_of = counted_at(settings, int(time.time() * 1000) + 1000, "1h")
         counters = await FeatureReader(redis=client, features=settings.features).get_counters(
-            user_ids=users
+            user_ids=users, at_ms=as_of
         )
     finally:
         await client.aclose()

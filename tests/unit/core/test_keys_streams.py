@@ -31,6 +31,11 @@ def test_counter_bucket_keys_are_byte_exact() -> None:
     assert keys.item_keys_pattern("cnt") == "sr:{i:*}:cnt*"
 
 
+def test_attribute_keys_are_byte_exact() -> None:
+    assert keys.user_attributes("u42") == "sr:{u:u42}:attr"
+    assert keys.item_attributes(7) == "sr:{i:7}:attr"
+
+
 def test_item_shard_is_crc32_modulo_the_shard_count() -> None:
     # zlib's CRC-32 (IEEE): any language can compute the same shard
     assert keys.ITEM_COUNTER_SHARDS == 16
@@ -43,6 +48,7 @@ def test_every_key_of_one_user_shares_a_slot(user: str, event: str, res: int, st
     home = slot(keys.sequence(user))
     assert slot(keys.seen(user, event)) == home
     assert slot(keys.user_counter_bucket(user, res, start)) == home
+    assert slot(keys.user_attributes(user)) == home
     assert slot(keys.user_tag(user)) == home  # what the writer groups by
 
 
@@ -54,6 +60,7 @@ def test_an_items_counters_and_markers_share_its_shards_slot(
     home = slot(keys.item_tag(shard))
     assert slot(keys.item_counter_bucket(shard, res, start)) == home
     assert slot(keys.item_seen(shard, event)) == home
+    assert slot(keys.item_attributes(shard)) == home
 
 
 def test_item_shards_spread_over_distinct_slots() -> None:
@@ -62,8 +69,9 @@ def test_item_shards_spread_over_distinct_slots() -> None:
 
 
 def test_sequence_member_and_category_field() -> None:
-    assert keys.sequence_member("e1", "i9", "drama") == "e1\x1fi9\x1fdrama"
-    assert keys.sequence_member("e1", "i9", None) == "e1\x1fi9\x1f"
+    assert keys.sequence_member("e1", "i9", "drama", "cart") == "e1\x1fi9\x1fdrama\x1fcart"
+    assert keys.sequence_member("e1", "i9", None, None) == "e1\x1fi9\x1f\x1f"
+    assert keys.sequence_member("e1", "i9", "drama") == "e1\x1fi9\x1fdrama\x1f"
     assert keys.category_field("sci-fi") == "c:sci-fi"
 
 

@@ -10,10 +10,13 @@ import pytest
 
 from schemas import (
     DEFAULT_LIMITS,
+    MAX_TS_MS,
     ClickEvent,
     DeadLetter,
     Limits,
+    RankRequest,
     RankResult,
+    as_of_ms,
     decode_click,
     decode_dead_letter,
     decode_request,
@@ -38,6 +41,7 @@ REQUEST: dict[str, Any] = {
     "context": {"page": "home"},
     "deadline_ms": 1_700_000_000_050,
     "reply_to": "my-replies",
+    "ts": 1_700_000_000_000,
 }
 RESULT: dict[str, Any] = {
     "request_id": "r1",
@@ -115,6 +119,18 @@ CORPUS: list[tuple[str, Any, bool]] = [
     ("RankRequest", with_(REQUEST, deadline_ms="soon"), False),
     ("RankRequest", with_(REQUEST, deadline_ms=-5), False),
     ("RankRequest", with_(REQUEST, reply_to=""), False),
+    ("RankRequest", with_(REQUEST, ts=None), True),
+    ("RankRequest", with_(REQUEST, ts=_DROP), True),
+    ("RankRequest", with_(REQUEST, ts=0), True),
+    ("RankRequest", with_(REQUEST, ts=1.7e12), True),
+    ("RankRequest", with_(REQUEST, ts=MAX_TS_MS), True),
+    ("RankRequest", with_(REQUEST, ts=MAX_TS_MS + 1), False),
+    ("RankRequest", with_(REQUEST, ts=1.5e300), False),
+    ("RankRequest", with_(REQUEST, ts=-1), False),
+    ("RankRequest", with_(REQUEST, ts=1.5), False),
+    ("RankRequest", with_(REQUEST, ts="1700000000000"), False),
+    ("RankRequest", with_(REQUEST, ts=True), False),
+    ("RankRequest", with_(REQUEST, ts=[1]), False),
     ("RankResult", RESULT, True),
     ("RankResult", with_(RESULT, degraded=True, reason="expired", scores=[0, 1]), True),
     ("RankResult", with_(RESULT, scores=["0.5", 0.1]), False),
@@ -183,7 +199,10 @@ def test_decoded_values_round_trip_through_json() -> None:
     assert decode_click(click.to_json()) == click
     request = decode_request(orjson.dumps(REQUEST))
     assert request.items == ("a", "b") and request.deadline_ms == 1_700_000_000_050
+    assert request.ts == 1_700_000_000_000
     assert decode_request(request.to_json()) == request
+    bare = decode_request(orjson.dumps(with_(REQUEST, ts=_DROP)))
+    assert bare.ts is None and decode_request(bare.to_json()) == bare
     result = decode_result(orjson.dumps(RESULT))
     assert decode_result(result.to_json()) == result
     assert isinstance(result, RankResult)
@@ -238,3 +257,20 @@ def test_an_error_reply_never_carries_an_id_over_the_limit() -> None:
     assert peek_request_id(orjson.dumps({"request_id": "r" * 128})) == "r" * 128
     assert peek_request_id(orjson.dumps({"request_id": "r" * 129})) is None
     assert peek_request_id(orjson.dumps({"request_id": "r" * 200}), max_length=200) == "r" * 200
+
+
+def test_request_ts_is_checked_and_names_its_reason() -> None:
+    for bad, reason in ((-1, "bad_value"), (MAX_TS_MS + 1, "bad_value"), ("soon", "bad_type"),
+                        (False, "bad_type"), (2.5, "bad_type")):  # fmt: skip
+        with pytest.raises(ContractError, match="field 'ts' must be") as info:
+            decode_request(orjson.dumps(with_(REQUEST, ts=bad)))
+        assert (info.value.field, info.value.reason) == ("ts", reason)
+    assert decode_request(orjson.dumps(with_(REQUEST, ts=1.7e12))).ts == 1_700_000_000_000
+
+
+def test_as_of_is_the_request_ts_else_the_record_timestamp() -> None:
+    timed = RankRequest("r", "u", ("a",), ts=1_000)
+    untimed = RankRequest("r", "u", ("a",))
+    assert timed.as_of_ms(5_000) == as_of_ms(timed, 5_000) == 1_000
+    assert untimed.as_of_ms(5_000) == as_of_ms(untimed, 5_000) == 5_000
+    assert as_of_ms(RankRequest("r", "u", ("a",), ts=0), 5_000) == 0  # 0 is a time, not "none"

@@ -79,6 +79,7 @@ FIELDS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
         "context": st.none() | st.dictionaries(st.text(max_size=5), json_values, max_size=3),
         "deadline_ms": st.none() | epoch_ms,
         "reply_to": st.none() | ids,
+        "ts": st.none() | epoch_ms | st.sampled_from([253_402_300_799_999, 253_402_300_800_000]),
     },
     "RankResult": {
         "request_id": ids,

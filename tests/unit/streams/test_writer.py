@@ -46,7 +46,7 @@ def build(events: list[ClickEvent], **kw: object) -> object:
 def test_one_call_on_a_single_server_indexes_users_and_buckets_once() -> None:
     events = [
         ClickEvent("e1", "u1", "i1", NOW, "drama"),
-        ClickEvent("e2", "u1", "i2", NOW + 1, None),
+        ClickEvent("e2", "u1", "i2", NOW + 1, None, "cart"),
         ClickEvent("e3", "u2", "i1", NOW + 2, "comedy"),
     ]
     batch = build(events)
@@ -66,7 +66,8 @@ def test_one_call_on_a_single_server_indexes_users_and_buckets_once() -> None:
     buckets = call.keys[8:]
     assert len(buckets) == len(payload["x"]) == len(set(buckets))
     first, second, third = users(payload)
-    assert first[:3] == [1, str(NOW), "e1\x1fi1\x1fdrama"] and first[5] == "c:drama"
+    assert first[:3] == [1, str(NOW), "e1\x1fi1\x1fdrama\x1fclick"] and first[5] == "c:drama"
+    assert second[2] == "e2\x1fi2\x1f\x1fcart"  # the click's action is kept in the member
     assert buckets[first[3] - 1] == f"sr:{{u:u1}}:cnt:300:{FINE_START}"
     assert buckets[first[4] - 1] == f"sr:{{u:u1}}:cnt:3600:{COARSE_START}"
     assert payload["x"][first[3] - 1] == str((FINE_START + 300 + 3600 + 600) * 1000)

@@ -9,10 +9,14 @@ import numpy as np
 import pytest
 
 from scoring.training.data import (
-    GROUPLENS_GENRES,
     build_samples,
     chronological_order,
     load_movielens,
+)
+from scoring.training.movielens_files import (
+    GROUPLENS_GENRES,
+    read_item_categories,
+    read_user_attributes,
 )
 from streamrank.errors import ArtifactError, ConfigError
 
@@ -89,6 +93,46 @@ def test_loaders_agree_on_events_and_categories(tmp_path: Path, writer) -> None:
     assert cat["40"] == "Drama|Film-Noir" or cat["40"] == "Film-Noir|Drama"
     assert cat["50"] == "unknown"  # no genre flag / no metadata
     assert ds.users["1"]["age"] == "24"
+
+
+@pytest.mark.parametrize("writer", [write_grouplens, write_recbole])
+def test_attribute_files_read_as_the_dataset_does(tmp_path: Path, writer) -> None:  # type: ignore[no-untyped-def]
+    """The category strings loaded into Redis equal Dataset.item_category of the same files,
+    and the user attributes its profiles: one definition online and offline."""
+    folder = writer(tmp_path / "ml")
+    ds = load_movielens(folder)
+    grouplens = (folder / "u.item").exists()
+    item_file = folder / ("u.item" if grouplens else "ml-100k.item")
+    user_file = folder / ("u.user" if grouplens else "ml-100k.user")
+    categories = read_item_categories(item_file)
+    in_file = {
+        ds.items[i]: ds.item_category(i) for i in range(len(ds.items)) if ds.items[i] in categories
+    }
+    assert categories == in_file
+    assert categories["40"] in ("Film-Noir|Drama", "Drama|Film-Noir")  # the file's order
+    assert read_user_attributes(user_file) == ds.users
+    assert read_user_attributes(user_file)["1"] == {"age": "24", "gender": "M", "occupation": (
+        "technician" if grouplens else "x")}  # fmt: skip
+
+
+def test_attribute_files_name_the_bad_line(tmp_path: Path) -> None:
+    bad = tmp_path / "u.user"
+    bad.write_text("1|24|M|technician|85711\n2|53\n")
+    with pytest.raises(ConfigError, match=r"u.user:2: expected id\|age"):
+        read_user_attributes(bad)
+    atomic = tmp_path / "x.user"
+    atomic.write_text("user_id:token\tage:token\n1\n")
+    with pytest.raises(ConfigError, match=r"x.user:2: expected 2 tab-separated fields"):
+        read_user_attributes(atomic)
+
+
+@pytest.mark.skipif(not (ML100K / "ml-100k.item").exists(), reason="no ml-100k copy here")
+def test_ml100k_categories_equal_the_dataset_categories() -> None:
+    ds = load_movielens(ML100K)
+    categories = read_item_categories(ML100K / "ml-100k.item")
+    assert categories == {ds.items[i]: ds.item_category(i) for i in range(len(ds.items))}
+    users = read_user_attributes(ML100K / "ml-100k.user")
+    assert len(users) == 943 and users == ds.users
 
 
 def test_both_formats_hash_differently_but_deterministically(tmp_path: Path) -> None:
