@@ -39,6 +39,7 @@ def train_tiny_artifact(
     cfg = TrainConfig(
         epochs=1, batch_size=128, n_negatives=4, history_len=20, seed=seed, spec=spec,
         families=families, select="features" if families != ("sequence",) else "best",
+        time_split=False,  # only the served model is needed
     )  # fmt: skip
     result = train_and_evaluate(ds, cfg, progress=False)
     return Path(export_artifact(result, ds, cfg, out_dir, encoding="int8"))
