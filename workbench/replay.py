@@ -70,13 +70,13 @@ def run_settings(
     settings: Settings, *, run: str, version: str, max_history: int, log: ReplayLog | None = None
 ) -> Settings:
     """Settings of the replay's private topics, groups and workers."""
-    return settings.with_env(
+    env: dict[str, Any] = {
         **private_run(run),
-        STREAMRANK_SEQUENCE_LENGTH=max_history,
-        STREAMRANK_CANARY_SPLIT=f"{version}:1",
-        STREAMRANK_SERVED_LOG_TOPIC=None,
-        **(log.settings_env() if log is not None else {}),
-    )
+        "STREAMRANK_SEQUENCE_LENGTH": max_history,
+        "STREAMRANK_CANARY_SPLIT": f"{version}:1",
+        "STREAMRANK_SERVED_LOG_TOPIC": None,
+    }
+    return settings.with_env(**{**env, **(log.settings_env() if log is not None else {})})
 
 
 def say(message: str) -> None:
@@ -191,7 +191,7 @@ async def run_replay(
     finally:
         try:
             if log is not None:
-                await delete_keys(redis, item_keys(log.events, rs.features))
+                await delete_keys(redis, item_keys(log.events, settings.features))
                 await delete_user_keys(redis, run)
         finally:
             await redis.aclose()
