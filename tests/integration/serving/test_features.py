@@ -5,6 +5,7 @@ rescores to the served scores."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from tests.integration.support.scoring import (
 
 pytestmark = pytest.mark.timeout(180)
 HOUR_MS = 3_600_000
+ITEM_CACHE_S = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +56,7 @@ async def test_item_counters_move_the_score_as_of_the_request_time(
     settings = worker_settings(
         make_settings, unique, STREAMRANK_CANARY_SPLIT=f"{version}:1",
         STREAMRANK_SERVED_LOG_TOPIC=f"served-{unique}",
+        STREAMRANK_FEATURES_ITEM_CACHE_S=ITEM_CACHE_S,
     )  # fmt: skip
     await create_topics(settings)
     await create_topics(settings, topics=(f"served-{unique}",))
@@ -75,11 +78,16 @@ async def test_item_counters_move_the_score_as_of_the_request_time(
         later = [ClickEvent(f"{unique}-late", user, y, t + 1, "c1"),
                  ClickEvent(f"{unique}-late2", "someone", y, t + 60_000, "c1")]  # fmt: skip
         await write(others + later, clock.now_ms())
+        # the clicks on x are late (their bucket had closed): a worker's item cache shows them
+        # once its entries for x are older than item_cache_s
+        stale = await client.rank(user, [x, y], ts=t, timeout=30)
+        await asyncio.sleep(ITEM_CACHE_S + 0.1)
         after = await client.rank(user, [x, y], ts=t, timeout=30)
+    assert stale.scores == before.scores
     assert not before.degraded and not after.degraded and after.model_version == version
     assert abs(after.scores[0] - before.scores[0]) > 1e-6  # x's counters moved its score
     assert after.scores[1] == pytest.approx(before.scores[1], abs=1e-7)  # y: nothing before t
-    by_id = {r["request_id"]: r for r in await read_topic(settings, f"served-{unique}", want=2)}
+    by_id = {r["request_id"]: r for r in await read_topic(settings, f"served-{unique}", want=3)}
     records = [by_id[before.request_id], by_id[after.request_id]]  # partitions keep no order
     first, second = (ServedFeatures.from_json(r["features"]) for r in records)
     assert first.as_of_ms == second.as_of_ms == t
