@@ -82,7 +82,11 @@ class LogIndex:
         )
 
     def user_code(self, user_ids: npt.NDArray[np.str_]) -> IntArray:
-        return np.searchsorted(self.users, user_ids).astype(np.int64)
+        """Each user's code; -1 (no events, every count 0) for a user the log does not hold."""
+        if len(self.users) == 0:
+            return np.full(len(user_ids), -1, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self.users, user_ids), len(self.users) - 1)
+        return np.where(self.users[pos] == user_ids, pos, -1).astype(np.int64)
 
 
 def _range(as_of_ms: IntArray, window: Window) -> tuple[IntArray, IntArray]:
@@ -108,7 +112,7 @@ def counter_values(
         elif counter.entity == "item":
             values = index.by_item.count(cand, lo, hi)
         else:
-            key = user * index.n_categories + index.item_category[cand]
+            key = np.where(user >= 0, user * index.n_categories + index.item_category[cand], -1)
             values = index.by_user_category.count(key, lo, hi)
         out[..., f] = np.broadcast_to(values, shape)
     return out
