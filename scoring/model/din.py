@@ -167,25 +167,31 @@ class ItemTower(nn.Module):
 class _Head(nn.Module):
     """MLP over ``[pooled, cand, pooled*cand]`` + the categorical embeddings + dense counters."""
 
+    offsets: Tensor  # [P] buffer: where each categorical input's rows start
+
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         n_side = len(spec.categorical_sizes) * spec.categorical_dim + spec.dense_features
         self.mlp = _mlp([3 * spec.item_dim + n_side, *spec.mlp_hidden])
         self.dense_features = spec.dense_features
-        # Created only when configured, so side-free models keep their exact initialisation.
-        self.categorical = nn.ModuleList(
-            nn.Embedding(n, spec.categorical_dim) for n in spec.categorical_sizes
+        # All categorical inputs in one table (input i's rows start at offsets[i]): one lookup
+        # per call, not one per input. Created only when configured, so side-free models keep
+        # their exact initialisation.
+        self.categorical = (
+            nn.Embedding(sum(spec.categorical_sizes), spec.categorical_dim)
+            if spec.categorical_sizes
+            else None
         )
+        starts = [0, *itertools.accumulate(spec.categorical_sizes)][:-1]
+        self.register_buffer("offsets", torch.tensor(starts, dtype=torch.long), persistent=False)
 
     def forward(self, pooled: Tensor, cand: Tensor, side: SideInputs) -> Tensor:
         """``pooled, cand [..., d]`` (leading dims ``[B]`` or ``[B, C]``) -> logits ``[...]``."""
         parts = [pooled, cand, pooled * cand]
         lead = pooled.shape[:-1]
-        if len(self.categorical):
+        if self.categorical is not None:
             codes = require(side.codes, "categorical codes [B, P]")
-            cv = torch.cat(
-                [emb(codes[:, i]) for i, emb in enumerate(self.categorical)], -1
-            )  # [B, P*p]
+            cv = self.categorical(codes + self.offsets).flatten(-2)  # [B, P*p]
             while cv.dim() < pooled.dim():
                 cv = cv.unsqueeze(-2)  # [B, 1, P*p]
             parts.append(cv.expand(*lead, cv.shape[-1]))
