@@ -15,17 +15,12 @@ only ever see item vectors: ``hist [B, L, d]``, ``cand [B, d]`` (training) or ``
   ``(Wq+Wd)·q + b`` (per candidate), ``(Wk-Wd)·k`` (per history event, once per request) and
   ``Wp·(q*k)`` (per pair), which avoids building the ``[C, L, 4d]`` input and cuts the first
   layer's per-pair work by 4x. Equal to :meth:`DIN.forward` within 1e-5 (tested).
-* ``DinScorer(net, dense="int8")``: the attention unit (the per-pair work) with int8 weights
-  (torch's dynamic quantisation: int8 weights, activations quantised per call with their own
-  range): the split first layer's candidate and history terms and every later attention
-  ``nn.Linear``. The product term ``Wp·(q*k)`` stays fp32 (its weight is scaled by each
-  candidate, so it is no fixed matrix), and so does the head: its input puts the unnormalised
-  pooled sum beside the candidate vector in one tensor, and one dynamic range over both costs
-  far more accuracy than the attention alone (docs/benchmarks.md, 'int8 dense weights'). A
-  dynamic range spans the whole input tensor, so the int8 forward runs one
-  request at a time on its *valid* events and candidates only: a request's scores never depend
-  on its padding or on the other requests of a batch, so the served scores equal an offline
-  scoring with the same option (tested).
+* ``DinScorer(net, dense="int8")``: the attention unit with int8 weights (torch's dynamic
+  quantisation); the product term and the head stay fp32 (docs/benchmarks.md). A dynamic range spans
+  its whole input, so the int8 forward runs one request at a time on its *valid* events and
+  candidates only: the served scores equal an offline scoring with the same option (tested).
+* Side inputs (:class:`SideInputs`, from the version's feature spec): categorical codes and
+  dense counters into the head, action codes added to the history vectors.
 
 Masks are required arguments everywhere; padded positions never change a score (tested).
 """
