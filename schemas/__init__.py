@@ -24,7 +24,6 @@ from schemas.messages import (
     Limits,
     RankRequest,
     RankResult,
-    as_of_ms,
 )
 from schemas.reasons import is_error_reply, reason_code
 
@@ -52,7 +51,6 @@ __all__ = [
     "Limits",
     "RankRequest",
     "RankResult",
-    "as_of_ms",
     "decode_click",
     "decode_dead_letter",
     "decode_request",

@@ -80,11 +80,6 @@ class RankRequest:
         return record_ts_ms if self.ts is None else self.ts
 
 
-def as_of_ms(request: RankRequest, record_ts_ms: int) -> int:
-    """:meth:`RankRequest.as_of_ms` as a function."""
-    return request.as_of_ms(record_ts_ms)
-
-
 @dataclass(frozen=True, slots=True)
 class RankResult:
     """The reply; topic ``rank-results`` (or the request's allowed reply_to), key = request_id."""

@@ -153,12 +153,27 @@ def _pairs(flat: Sequence[Any]) -> list[tuple[str, Any]]:
     return [(_text(name), value) for name, value in zip(it, it, strict=True)]
 
 
+_PARSED: dict[Any, str | None] = {}  # attribute JSON -> its category (few distinct values)
+_PARSED_LIMIT = 100_000
+
+
 def item_category(item_id: str, raw: Any) -> str | None:
     """The ``category`` of an item's attribute JSON; None when absent. A value that is not a
     JSON object with a string category is logged (once per item, for the first items) and
     read as unknown: one bad row must not fail every request that ranks the item."""
     if raw is None:
         return None
+    known = _PARSED.get(raw, _PARSED)
+    if known is not _PARSED:
+        return known  # type: ignore[return-value]
+    category = _parse_category(item_id, raw)
+    if len(_PARSED) >= _PARSED_LIMIT:
+        _PARSED.clear()
+    _PARSED[raw] = category
+    return category
+
+
+def _parse_category(item_id: str, raw: Any) -> str | None:
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -177,6 +192,35 @@ def item_category(item_id: str, raw: Any) -> str | None:
             raw[:80],
         )
     return None
+
+
+class ItemCache:
+    """Candidates' features read recently, per window group, for ``ttl_s`` seconds: a hot item
+    is read from Redis once per ``ttl_s`` per process, not once per batch. Its counts are then
+    at most ``ttl_s`` old: a click applied in that time (a late one, into a bucket that had
+    closed) shows from the next read on. ``ttl_s`` 0 turns the cache off."""
+
+    def __init__(self, ttl_s: float, *, max_entries: int = 200_000, clock: Any = None) -> None:
+        import time
+
+        self.ttl_s = ttl_s
+        self._max = max_entries
+        self._clock = clock or time.monotonic
+        self._entries: dict[tuple[str, Any], tuple[float, ItemFeatures]] = {}
+
+    def get(self, item: str, group: Any, now: float) -> ItemFeatures | None:
+        found = self._entries.get((item, group))
+        if found is None or now - found[0] > self.ttl_s:
+            return None
+        return found[1]
+
+    def put(self, item: str, group: Any, features: ItemFeatures, now: float) -> None:
+        if len(self._entries) >= self._max:
+            self._entries.clear()  # window groups roll over every few minutes anyway
+        self._entries[(item, group)] = (now, features)
+
+    def now(self) -> float:
+        return float(self._clock())
 
 
 @dataclass(slots=True)
@@ -198,16 +242,21 @@ class BatchPlan:
         *,
         counters: bool,
         attributes: bool,
+        cache: ItemCache | None = None,
     ) -> None:
         self.calls: list[ScriptCall] = []
+        self._cache = cache if cache is not None and cache.ttl_s > 0 else None
+        self._now = self._cache.now() if self._cache is not None else 0.0
         self._windows = windows
         self._counters = counters
         self._attributes = attributes
         self._user_calls: dict[tuple[str, Any], int] = {}
         self._first_call: dict[str, int] = {}  # user -> the call reading its sequence
         self._item_calls: dict[tuple[int, Any], _ItemCall] = {}
-        self._item_refs: dict[Any, dict[str, tuple[_ItemCall, int]]] = {}
-        self.refs: list[tuple[int, list[tuple[_ItemCall, int]]]] = []  # per query
+        self._call_groups: dict[int, Any] = {}  # item call index -> its window group
+        self._item_refs: dict[Any, dict[str, tuple[_ItemCall, int] | ItemFeatures]] = {}
+        # per query: its user call, and per candidate (its item call, position) or a cached read
+        self.refs: list[tuple[int, list[tuple[_ItemCall, int] | ItemFeatures]]] = []
         for query in queries:
             group = self._group(query.as_of_ms)
             user_call = self._user_call(query.user_id, group, query.as_of_ms)
@@ -216,7 +265,16 @@ class BatchPlan:
             for item in query.items:
                 ref = known.get(item)
                 if ref is None:
-                    ref = known[item] = self._item_ref(item, group, query.as_of_ms)
+                    cached = (
+                        None
+                        if self._cache is None
+                        else self._cache.get(item, (group, attributes), self._now)
+                    )
+                    ref = known[item] = (
+                        cached
+                        if cached is not None
+                        else self._item_ref(item, group, query.as_of_ms)
+                    )
                 items.append(ref)
             self.refs.append((user_call, items))
         for call in self._item_calls.values():  # the item ids close each item call's ARGV
@@ -269,6 +327,7 @@ class BatchPlan:
         call = self._item_calls.get((shard, group))
         if call is None:
             call = self._item_calls[(shard, group)] = _ItemCall(len(self.calls))
+            self._call_groups[call.index] = group
             fine, coarse = self._windows
             fine_starts, coarse_starts = self._buckets(as_of_ms)
             call_keys = [keys.item_attributes(shard)] if self._attributes else []
@@ -302,25 +361,39 @@ class BatchPlan:
                 per = dict(sorted((name, int(v)) for name, v in _pairs(categories)))
                 user = counts[user_call] = (int(n1), int(n24), per)
             found = []
-            for call, position in refs:
+            for ref in refs:
+                if isinstance(ref, ItemFeatures):
+                    found.append(ref)
+                    continue
+                call, position = ref
                 parsed = items.get(call.index)
                 if parsed is None:
-                    parsed = items[call.index] = _items(call, replies[call.index])
+                    parsed = items[call.index] = self._parsed(call, replies[call.index])
                 found.append(parsed[position])
             seq = sequence_before(sequences[query.user_id], query.as_of_ms)
             features = UserFeatures(seq, user[0], user[1], user[2], attrs[query.user_id])
             out.append(RequestFeatures(features, found))
         return out
 
+    def _parsed(self, call: _ItemCall, reply: Sequence[Any]) -> list[ItemFeatures]:
+        """An item call's features, remembered in the cache."""
+        parsed = _items(call, reply)
+        if self._cache is not None:
+            group = self._call_groups[call.index]
+            for item, features in zip(call.items, parsed, strict=True):
+                self._cache.put(item, (group, self._attributes), features, self._now)
+        return parsed
+
 
 def _items(call: _ItemCall, reply: Sequence[Any]) -> list[ItemFeatures]:
     """An item call's flat reply (clicks 1h, clicks 24h, attribute JSON per item) as
     ItemFeatures, in the call's item order."""
-    out = []
-    for n, item in enumerate(call.items):
-        n1, n24, raw = reply[3 * n], reply[3 * n + 1], reply[3 * n + 2]
-        out.append(ItemFeatures(int(n1), int(n24), item_category(item, raw)))
-    return out
+    return [
+        ItemFeatures(
+            int(reply[3 * n]), int(reply[3 * n + 1]), item_category(item, reply[3 * n + 2])
+        )
+        for n, item in enumerate(call.items)
+    ]
 
 
 async def read_batch(
@@ -331,6 +404,7 @@ async def read_batch(
     *,
     counters: bool,
     attributes: bool,
+    cache: ItemCache | None = None,
 ) -> list[RequestFeatures]:
     """The features of each query, aligned with ``queries`` (see the module doc); one round
     trip. Raises RedisUnavailable when Redis does not answer."""
@@ -338,7 +412,7 @@ async def read_batch(
         return []
     if not (counters or attributes):
         return await _sequences_only(redis, queries)
-    plan = BatchPlan(queries, windows, counters=counters, attributes=attributes)
+    plan = BatchPlan(queries, windows, counters=counters, attributes=attributes, cache=cache)
     with redis_call("the feature read", "retry later or serve without features"):
         replies = await run_scripts(redis, script, plan.calls)
     return plan.results(queries, replies)

@@ -37,6 +37,7 @@ from streamrank.settings import FeatureSettings, Settings
 from streams.batch_read import (
     READ_LUA,
     FeatureQuery,
+    ItemCache,
     ItemFeatures,
     RequestFeatures,
     UserFeatures,
@@ -71,6 +72,7 @@ class FeatureReader:
         self._redis = redis
         self._fine, self._coarse = windows_from_settings(features)
         self._script: Any = redis.register_script(READ_LUA)
+        self._items = ItemCache(features.item_cache_s)
 
     async def read_batch(
         self, queries: Sequence[FeatureQuery], *, counters: bool, attributes: bool
@@ -85,6 +87,7 @@ class FeatureReader:
             queries,
             counters=counters,
             attributes=attributes,
+            cache=self._items,
         )
 
     async def _run(self, pipe: NodePipeline) -> list[Any]:

@@ -38,13 +38,16 @@ from streamrank.settings import Settings
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaProducer
 
+    from scoring.training.train import TrainConfig
     from workbench.devstack.processes import WorkerProcess
 
 logger = logging.getLogger(__name__)
 
-# The synthetic model when there is no MovieLens: trains in seconds (like
-# `streamrank train --synthetic --users 300 --epochs 1`).
+# The synthetic model when there is no MovieLens: trained until validation GAUC stops improving
+# (like `streamrank train --synthetic --users 300 --items 100000 --epochs 10 --patience 2`),
+# well under a minute on 2 cores.
 SYNTHETIC_USERS, SYNTHETIC_ITEMS, SYNTHETIC_SEED = 300, 100_000, 17
+SYNTHETIC_EPOCHS, PATIENCE = 10, 2
 # One epoch on ml-100k, a third of a full train: the demo shows the pipeline, and the
 # artifact is kept, so the next demo starts at once (and a
 # fully trained artifact from `streamrank train` is reused when there is one).
@@ -83,11 +86,26 @@ def _matching_artifact(root: Path, sha256: str) -> Path | None:
     return max(found, key=lambda p: p.stat().st_mtime).parent if found else None
 
 
+def demo_train_config(settings: Settings, epochs: int) -> TrainConfig:
+    """The demo's training: early stopping, leave-last-out only (the served model's protocol)."""
+    from scoring.training.train import TrainConfig
+
+    return TrainConfig(
+        epochs=epochs,
+        patience=PATIENCE,
+        history_len=settings.features.sequence_length,
+        threads=settings.scoring.torch_threads,
+        time_split=False,
+        bucket_s=(settings.features.counter_bucket_s, settings.features.counter_coarse_bucket_s),
+    )
+
+
 def prepare_model(settings: Settings, *, synthetic: bool, progress: bool = True) -> DemoModel:
     """Reuse the newest artifact trained on the demo's data, or train one (with a bar)."""
     from scoring.training.data import load_movielens
+    from scoring.training.export import export_artifact
     from scoring.training.synthetic import generate
-    from scoring.training.train import TrainConfig, export_artifact, train_and_evaluate
+    from scoring.training.train import train_and_evaluate
     from workbench.datasets import MOVIELENS_100K, dataset_roots, find_dataset
 
     movielens = find_dataset(settings.tools, MOVIELENS_100K)
@@ -97,7 +115,7 @@ def prepare_model(settings: Settings, *, synthetic: bool, progress: bool = True)
         say(f"data: MovieLens-100K from {movielens} ({ds.n_events} ratings replayed as clicks)")
     else:
         ds = generate(n_users=SYNTHETIC_USERS, n_items=SYNTHETIC_ITEMS, seed=SYNTHETIC_SEED)
-        epochs = 1
+        epochs = SYNTHETIC_EPOCHS
         where = " or ".join(
             str(root / MOVIELENS_100K.name) for root in dataset_roots(settings.tools)
         )
@@ -112,13 +130,10 @@ def prepare_model(settings: Settings, *, synthetic: bool, progress: bool = True)
     if found is not None:
         say(f"model: reusing artifact {found} (newest trained on this data)")
         return DemoModel(found, ds, trained_now=False)
-    say(f"model: training DIN on {ds.name}, {epochs} epoch(s); "
-        f"{'about a minute' if ds.name != 'synthetic' else 'a few seconds'} on 2 cores ...")  # fmt: skip
-    cfg = TrainConfig(
-        epochs=epochs,
-        history_len=settings.features.sequence_length,
-        threads=settings.scoring.torch_threads,
-    )
+    say(f"model: training DIN on {ds.name}, up to {epochs} epoch(s) (until validation stops "
+        f"improving); about a minute{' or less' if ds.name == 'synthetic' else ''} on 2 cores ...")  # fmt: skip
+    cfg = demo_train_config(settings, epochs)
+
     result = train_and_evaluate(ds, cfg, progress=progress)
     path = Path(export_artifact(result, ds, cfg, root, encoding=settings.embeddings.encoding))
     test = result.metrics["test"]
@@ -336,14 +351,26 @@ async def _serve(settings: Settings, model: DemoModel) -> None:
     redis = redis_client(settings.redis)
     try:
         published = await ensure_published(redis, artifact)
-        previous = await activate_version(redis, artifact.version)
+        previous = await activate_version(redis, artifact.version, features=settings.features)
+        loaded = await _load_attributes(redis, model.dataset)
     finally:
         await redis.aclose()
+    say(f"attributes: {loaded['users']} users, {loaded['items']} items (streamrank features load)")
     say(
         f"model {artifact.version}: {'published' if published['published_now'] else 'already published'} "
         f"({published['encoding']} item table, {len(artifact.item_ids)} items); active "
         f"(was {previous or 'none'})"
     )
+
+
+async def _load_attributes(redis: Any, ds: Any) -> dict[str, int]:
+    """The dataset's user attributes and item categories into the attribute tables (what
+    ``streamrank features load`` does from files): inputs of a version with side features."""
+    from streams.attributes import write_attributes
+
+    items = {ds.items[i]: {"category": ds.item_category(i)} for i in range(len(ds.items))}
+    await write_attributes(redis, users=ds.users, items=items)
+    return {"users": len(ds.users), "items": len(items)}
 
 
 async def _wait_ready(handles: dict[str, WorkerProcess], ports: dict[str, int]) -> None:

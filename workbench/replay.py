@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 from tqdm import tqdm
 
+from scoring.training.export import EVENTS_FILE
 from streamrank.redis.client import redis_client
 from streamrank.settings import Settings
 from workbench.devstack.cases import (
@@ -42,6 +43,14 @@ from workbench.devstack.cases import (
     produce_clicks,
     quality,
     wait_applied,
+)
+from workbench.devstack.replaylog import (
+    ReplayLog,
+    delete_keys,
+    delete_user_keys,
+    item_keys,
+    load_attributes,
+    load_log,
 )
 
 logger = logging.getLogger(__name__)
@@ -57,14 +66,17 @@ def differences(expected: npt.ArrayLike, online: npt.ArrayLike) -> dict[str, flo
     }
 
 
-def run_settings(settings: Settings, *, run: str, version: str, max_history: int) -> Settings:
+def run_settings(
+    settings: Settings, *, run: str, version: str, max_history: int, log: ReplayLog | None = None
+) -> Settings:
     """Settings of the replay's private topics, groups and workers."""
-    return settings.with_env(
+    env: dict[str, Any] = {
         **private_run(run),
-        STREAMRANK_SEQUENCE_LENGTH=max_history,
-        STREAMRANK_CANARY_SPLIT=f"{version}:1",
-        STREAMRANK_SERVED_LOG_TOPIC=None,
-    )
+        "STREAMRANK_SEQUENCE_LENGTH": max_history,
+        "STREAMRANK_CANARY_SPLIT": f"{version}:1",
+        "STREAMRANK_SERVED_LOG_TOPIC": None,
+    }
+    return settings.with_env(**{**env, **(log.settings_env() if log is not None else {})})
 
 
 def say(message: str) -> None:
@@ -95,8 +107,9 @@ async def _rank_all(
                     started = time.perf_counter()
                     try:
                         results[i] = await client.rank(
-                            f"{run}-{case.user_id}", case.items, request_id=f"{run}-req-{i}"
-                        )
+                            f"{run}-{case.user_id}", case.items, request_id=f"{run}-req-{i}",
+                            ts=case.ts,
+                        )  # fmt: skip
                         latencies.append((time.perf_counter() - started) * 1000)
                     except (RankTimeout, RankRejected) as exc:
                         logger.warning("user %s: %s", case.user_id, exc)
@@ -157,7 +170,10 @@ async def run_replay(
         version, enc = await _publish(
             redis, artifact, encoding=encoding, activate=activate, run=run, progress=progress
         )
-        rs = run_settings(settings, run=run, version=version, max_history=max_history)
+        log = None
+        if artifact.scorer().features.counters:
+            log = load_log(artifact.path / EVENTS_FILE, cases, run=run, max_history=max_history)
+        rs = run_settings(settings, run=run, version=version, max_history=max_history, log=log)
         await create_topics(rs)
         mark = time.perf_counter()
         offline = Offline(
@@ -170,10 +186,15 @@ async def run_replay(
         replayed = await _through_workers(
             rs, redis, cases, run=run, max_history=max_history, concurrency=concurrency,
             apply_timeout_s=apply_timeout_s, request_timeout_s=request_timeout_s,
-            progress=progress, seconds=seconds,
+            progress=progress, seconds=seconds, log=log,
         )  # fmt: skip
     finally:
-        await redis.aclose()
+        try:
+            if log is not None:
+                await delete_keys(redis, item_keys(log.events, settings.features))
+                await delete_user_keys(redis, run)
+        finally:
+            await redis.aclose()
     report = {
         "version": version,
         "encoding": enc,
@@ -217,9 +238,11 @@ async def _through_workers(
     request_timeout_s: float,
     progress: bool,
     seconds: dict[str, float],
+    log: ReplayLog | None = None,
 ) -> Replayed:
-    """A features and a scoring worker of the run's own, the clicks replayed and applied, then
-    the rank requests; the workers are stopped at the end."""
+    """A features and a scoring worker of the run's own, the clicks (the test histories, or the
+    whole log for a version with counters) replayed and applied, the attributes loaded, then the
+    rank requests; the workers are stopped at the end."""
     from workbench.devstack.processes import start_worker
 
     logs = Path(rs.tools.run_dir) / run
@@ -234,14 +257,20 @@ async def _through_workers(
         )  # fmt: skip
         seconds["start_workers"] = time.perf_counter() - mark
 
-        events = click_events(cases, run=run)
+        events = click_events(cases, run=run) if log is None else log.events
+        expected = (
+            expected_sequences(cases, run=run, length=max_history) if log is None else log.sequences
+        )
+        if log is not None:
+            await delete_keys(redis, item_keys(events, rs.features))  # a crashed run's counts
+        await load_attributes(redis, cases, run=run)
         mark = time.perf_counter()
         await produce_clicks(rs, events, progress=progress)
         seconds["produce"] = time.perf_counter() - mark
         mark = time.perf_counter()
         await wait_applied(
-            redis, rs, expected_sequences(cases, run=run, length=max_history),
-            timeout_s=apply_timeout_s, progress=progress, log_path=features.log_path,
+            redis, rs, expected, timeout_s=apply_timeout_s, progress=progress,
+            log_path=features.log_path,
         )  # fmt: skip
         seconds["apply"] = time.perf_counter() - mark
 

@@ -15,17 +15,12 @@ only ever see item vectors: ``hist [B, L, d]``, ``cand [B, d]`` (training) or ``
   ``(Wq+Wd)·q + b`` (per candidate), ``(Wk-Wd)·k`` (per history event, once per request) and
   ``Wp·(q*k)`` (per pair), which avoids building the ``[C, L, 4d]`` input and cuts the first
   layer's per-pair work by 4x. Equal to :meth:`DIN.forward` within 1e-5 (tested).
-* ``DinScorer(net, dense="int8")``: the attention unit (the per-pair work) with int8 weights
-  (torch's dynamic quantisation: int8 weights, activations quantised per call with their own
-  range): the split first layer's candidate and history terms and every later attention
-  ``nn.Linear``. The product term ``Wp·(q*k)`` stays fp32 (its weight is scaled by each
-  candidate, so it is no fixed matrix), and so does the head: its input puts the unnormalised
-  pooled sum beside the candidate vector in one tensor, and one dynamic range over both costs
-  far more accuracy than the attention alone (docs/benchmarks.md, 'int8 dense weights'). A
-  dynamic range spans the whole input tensor, so the int8 forward runs one
-  request at a time on its *valid* events and candidates only: a request's scores never depend
-  on its padding or on the other requests of a batch, so the served scores equal an offline
-  scoring with the same option (tested).
+* ``DinScorer(net, dense="int8")``: the attention unit with int8 weights (torch's dynamic
+  quantisation); the product term and the head stay fp32 (docs/benchmarks.md). A dynamic range spans
+  its whole input, so the int8 forward runs one request at a time on its *valid* events and
+  candidates only: the served scores equal an offline scoring with the same option (tested).
+* Side inputs (:class:`SideInputs`, from the version's feature spec): categorical codes and
+  dense counters into the head, action codes added to the history vectors.
 
 Masks are required arguments everywhere; padded positions never change a score (tested).
 """
@@ -47,6 +42,8 @@ from torch import Tensor, nn
 from torch.ao.quantization import quantize_dynamic
 from torch.nn import functional as F
 
+from scoring.model.features import FeatureSpec
+from scoring.model.side import NO_SIDE, SideArrays, SideInputs, require, side_tensors, tensor
 from streamrank.errors import ArtifactError
 
 ModelKind = Literal["din", "base"]
@@ -66,15 +63,18 @@ class ModelSpec:
     attention_hidden: tuple[int, ...] = (64, 16)
     mlp_hidden: tuple[int, ...] = (64, 32)
     activation: Literal["prelu"] = "prelu"
-    # Optional user profile input: vocabulary size of each profile feature (empty = none).
-    profile_sizes: tuple[int, ...] = ()
-    profile_dim: int = 4
+    # Side inputs (scoring.model.features): the vocabulary size of each per-request categorical
+    # input (context, user attributes), the dense counters per candidate, the action vocabulary.
+    categorical_sizes: tuple[int, ...] = ()
+    categorical_dim: int = 4
+    dense_features: int = 0
+    action_vocab: int = 0
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["attention_hidden"] = list(self.attention_hidden)
         out["mlp_hidden"] = list(self.mlp_hidden)
-        out["profile_sizes"] = list(self.profile_sizes)
+        out["categorical_sizes"] = list(self.categorical_sizes)
         return out
 
     @classmethod
@@ -88,8 +88,10 @@ class ModelSpec:
                 attention_hidden=tuple(int(h) for h in raw["attention_hidden"]),
                 mlp_hidden=tuple(int(h) for h in raw["mlp_hidden"]),
                 activation=raw.get("activation", "prelu"),
-                profile_sizes=tuple(int(n) for n in raw.get("profile_sizes", ())),
-                profile_dim=int(raw.get("profile_dim", 4)),
+                categorical_sizes=tuple(int(n) for n in raw.get("categorical_sizes", ())),
+                categorical_dim=int(raw.get("categorical_dim", 4)),
+                dense_features=int(raw.get("dense_features", 0)),
+                action_vocab=int(raw.get("action_vocab", 0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"config.json 'model' section is invalid: {exc!r}") from exc
@@ -158,30 +160,57 @@ class ItemTower(nn.Module):
 
 
 class _Head(nn.Module):
-    """MLP over ``[pooled, cand, pooled*cand]`` (+ the user's profile embeddings, if configured)."""
+    """MLP over ``[pooled, cand, pooled*cand]`` + the categorical embeddings + dense counters."""
+
+    offsets: Tensor  # [P] buffer: where each categorical input's rows start
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        n_profile = len(spec.profile_sizes) * spec.profile_dim
-        self.mlp = _mlp([3 * spec.item_dim + n_profile, *spec.mlp_hidden])
-        # Created only when configured, so profile-free models keep their exact initialisation.
-        self.profile = nn.ModuleList(nn.Embedding(n, spec.profile_dim) for n in spec.profile_sizes)
+        n_side = len(spec.categorical_sizes) * spec.categorical_dim + spec.dense_features
+        self.mlp = _mlp([3 * spec.item_dim + n_side, *spec.mlp_hidden])
+        self.dense_features = spec.dense_features
+        # All categorical inputs in one table (input i's rows start at offsets[i]): one lookup
+        # per call, not one per input. Created only when configured, so side-free models keep
+        # their exact initialisation.
+        self.categorical = (
+            nn.Embedding(sum(spec.categorical_sizes), spec.categorical_dim)
+            if spec.categorical_sizes
+            else None
+        )
+        starts = [0, *itertools.accumulate(spec.categorical_sizes)][:-1]
+        self.register_buffer("offsets", torch.tensor(starts, dtype=torch.long), persistent=False)
 
-    def forward(self, pooled: Tensor, cand: Tensor, profile: Tensor | None = None) -> Tensor:
-        """``pooled, cand [..., d]``, ``profile [B, P]`` codes (if configured) -> logits ``[...]``."""
+    def forward(self, pooled: Tensor, cand: Tensor, side: SideInputs) -> Tensor:
+        """``pooled, cand [..., d]`` (leading dims ``[B]`` or ``[B, C]``) -> logits ``[...]``."""
         parts = [pooled, cand, pooled * cand]
-        if len(self.profile):
-            if profile is None:
-                raise ValueError(
-                    f"this model needs the user profile ({len(self.profile)} codes per request)"
-                )
-            pv = torch.cat(
-                [emb(profile[:, i]) for i, emb in enumerate(self.profile)], -1
-            )  # [B, P*p]
-            while pv.dim() < pooled.dim():
-                pv = pv.unsqueeze(-2)  # [B, 1, P*p]
-            parts.append(pv.expand(*pooled.shape[:-1], pv.shape[-1]))
+        lead = pooled.shape[:-1]
+        if self.categorical is not None:
+            codes = require(side.codes, "categorical codes [B, P]")
+            cv = self.categorical(codes + self.offsets).flatten(-2)  # [B, P*p]
+            while cv.dim() < pooled.dim():
+                cv = cv.unsqueeze(-2)  # [B, 1, P*p]
+            parts.append(cv.expand(*lead, cv.shape[-1]))
+        if self.dense_features:
+            dense = require(side.dense, "dense counters [B, C, F]")
+            parts.append(dense.reshape(*lead, self.dense_features))  # [..., F]
         return self.mlp(torch.cat(parts, dim=-1)).squeeze(-1)
+
+
+class _HistoryActions(nn.Module):
+    """Adds each history event's action embedding to its item vector (when configured)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.table = nn.Embedding(spec.action_vocab, spec.item_dim) if spec.action_vocab else None
+        if self.table is not None:
+            nn.init.normal_(self.table.weight, std=0.05)
+
+    def forward(self, hist: Tensor, side: SideInputs) -> Tensor:
+        """``hist [B, L, d]`` -> ``[B, L, d]``."""
+        if self.table is None:
+            return hist
+        actions = require(side.actions, "history actions [B, L]")
+        return hist + self.table(actions[:, : hist.shape[1]])  # [B, L, d]
 
 
 class DIN(nn.Module):
@@ -192,6 +221,7 @@ class DIN(nn.Module):
         self.spec = spec
         self.attention = _mlp([4 * spec.item_dim, *spec.attention_hidden])
         self.head = _Head(spec)
+        self.actions = _HistoryActions(spec)
 
     def attention_weights(self, hist: Tensor, hist_mask: Tensor, cand: Tensor) -> Tensor:
         """Unnormalised activation weights ``[B, L]`` (0 at padded positions)."""
@@ -201,16 +231,14 @@ class DIN(nn.Module):
         return torch.where(hist_mask, w, torch.zeros_like(w))  # [B, L]
 
     def forward(
-        self, hist: Tensor, hist_mask: Tensor, cand: Tensor, profile: Tensor | None = None
+        self, hist: Tensor, hist_mask: Tensor, cand: Tensor, side: SideInputs = NO_SIDE
     ) -> Tensor:
-        """``hist [B, L, d]``, ``hist_mask [B, L]`` bool, ``cand [B, d]`` -> logits ``[B]``.
-
-        ``profile [B, P]``: the user's profile codes, required iff the spec has profile features.
-        """
+        """``hist [B, L, d]``, ``hist_mask [B, L]`` bool, ``cand [B, d]`` -> logits ``[B]``."""
+        hist = self.actions(hist, side)  # [B, L, d]
         hist = hist.masked_fill(~hist_mask.unsqueeze(-1), 0.0)  # [B, L, d]; padding (even NaN) -> 0
         w = self.attention_weights(hist, hist_mask, cand)  # [B, L]
         pooled = (w.unsqueeze(-1) * hist).sum(1)  # [B, d]
-        return self.head(pooled, cand, profile)  # [B]
+        return self.head(pooled, cand, side)  # [B]
 
 
 class BaseModel(nn.Module):
@@ -220,13 +248,15 @@ class BaseModel(nn.Module):
         super().__init__()
         self.spec = spec
         self.head = _Head(spec)
+        self.actions = _HistoryActions(spec)
 
     def forward(
-        self, hist: Tensor, hist_mask: Tensor, cand: Tensor, profile: Tensor | None = None
+        self, hist: Tensor, hist_mask: Tensor, cand: Tensor, side: SideInputs = NO_SIDE
     ) -> Tensor:
         """``hist [B, L, d]``, ``hist_mask [B, L]`` bool, ``cand [B, d]`` -> logits ``[B]``."""
+        hist = self.actions(hist, side)  # [B, L, d]
         pooled = hist.masked_fill(~hist_mask.unsqueeze(-1), 0.0).sum(1)  # [B, d]
-        return self.head(pooled, cand, profile)  # [B]
+        return self.head(pooled, cand, side)  # [B]
 
 
 def build_net(spec: ModelSpec) -> DIN | BaseModel:
@@ -249,13 +279,16 @@ class DinScorer:
     ``dense``: ``"fp32"`` (the trained weights) or ``"int8"`` (dynamically quantised, see the
     module docstring)."""
 
-    def __init__(self, net: DIN, *, dense: DenseWeights = "fp32") -> None:
+    def __init__(
+        self, net: DIN, *, dense: DenseWeights = "fp32", features: FeatureSpec | None = None
+    ) -> None:
         if dense not in DENSE_WEIGHTS:
             raise ValueError(f"dense weights {dense!r}: use one of {', '.join(DENSE_WEIGHTS)}")
         net = net.eval()
         self.net = net
         self.spec = net.spec
         self.dense: DenseWeights = dense
+        self.features = features or FeatureSpec()  # the inputs the version's requests need
         d = net.spec.item_dim
         first: nn.Linear = net.attention[0]  # type: ignore[assignment]
         w = first.weight.detach()  # [h, 4d] = [Wq | Wk | Wd | Wp]
@@ -284,7 +317,12 @@ class DinScorer:
 
     @classmethod
     def from_state(
-        cls, spec: ModelSpec, state: Mapping[str, Tensor], *, dense: DenseWeights = "fp32"
+        cls,
+        spec: ModelSpec,
+        state: Mapping[str, Tensor],
+        *,
+        dense: DenseWeights = "fp32",
+        features: FeatureSpec | None = None,
     ) -> DinScorer:
         """Build from a dense state dict (small tables under ``tables.`` are ignored here)."""
         if spec.kind != "din":
@@ -303,7 +341,7 @@ class DinScorer:
             raise ArtifactError(
                 f"dense weights do not match the config's model dims: {exc}"
             ) from exc
-        return cls(net, dense=dense)
+        return cls(net, dense=dense, features=features)
 
     @classmethod
     def from_bytes(
@@ -316,7 +354,7 @@ class DinScorer:
             state = st_load(dense)
         except Exception as exc:  # safetensors raises its own error types
             raise ArtifactError(f"dense weights are not a valid safetensors file: {exc}") from exc
-        return cls.from_state(spec, state, dense=weights)
+        return cls.from_state(spec, state, dense=weights, features=features_of(config, spec))
 
     # (candidate, event) pairs per chunk: keeps the [b, C, L, h] intermediates in cache
     # (docs/model.md#the-serving-forward-dinscorer).
@@ -329,30 +367,29 @@ class DinScorer:
         hist_mask: Tensor,
         cands: Tensor,
         cand_mask: Tensor,
-        profile: Tensor | None = None,
+        side: SideInputs = NO_SIDE,
     ) -> Tensor:
         """``hist [B, L, d]``, ``hist_mask [B, L]``, ``cands [B, C, d]``, ``cand_mask [B, C]`` ->
         logits ``[B, C]`` (padded candidates: 0 with int8 weights, unspecified with fp32)."""
+        hist = self.net.actions(hist, side)  # [B, L, d]
         if self._int8 is not None:
-            return self._logits_int8(self._int8, hist, hist_mask, cands, cand_mask, profile)
+            return self._logits_int8(self._int8, hist, hist_mask, cands, cand_mask, side)
         b, c, length = cands.shape[0], cands.shape[1], hist.shape[1]
         step = max(1, self.PAIRS_PER_CHUNK // max(1, c * length))
         if step >= b:
-            return self._logits(hist, hist_mask, cands, profile)
+            return self._logits(hist, hist_mask, cands, side)
         parts = [
             self._logits(
                 hist[i : i + step],
                 hist_mask[i : i + step],
                 cands[i : i + step],
-                None if profile is None else profile[i : i + step],
+                side.rows(i, i + step),
             )
             for i in range(0, b, step)
         ]
         return torch.cat(parts)  # [B, C]
 
-    def _logits(
-        self, hist: Tensor, hist_mask: Tensor, cands: Tensor, profile: Tensor | None
-    ) -> Tensor:
+    def _logits(self, hist: Tensor, hist_mask: Tensor, cands: Tensor, side: SideInputs) -> Tensor:
         hist = hist.masked_fill(~hist_mask.unsqueeze(-1), 0.0)  # [B, L, d]; padding (even NaN) -> 0
         a = torch.addmm(self.bias, cands.reshape(-1, cands.shape[-1]), self.w_cand)  # [B*C, h]
         a = a.view(cands.shape[0], cands.shape[1], 1, self.bias.shape[0])  # [B, C, 1, h]
@@ -364,7 +401,7 @@ class DinScorer:
         w = self.rest(x).squeeze(-1)  # [B, C, L]
         w = w * hist_mask.unsqueeze(1)  # [B, C, L]
         pooled = torch.matmul(w, hist)  # [B, C, d]
-        return self.net.head(pooled, cands, profile)  # [B, C]
+        return self.net.head(pooled, cands, side)  # [B, C]
 
     def _logits_int8(
         self,
@@ -373,7 +410,7 @@ class DinScorer:
         hist_mask: Tensor,
         cands: Tensor,
         cand_mask: Tensor,
-        profile: Tensor | None,
+        side: SideInputs,
     ) -> Tensor:
         """The int8 forward, one request at a time on its valid events and candidates (a
         dynamic range must not see padding or other requests)."""
@@ -395,8 +432,10 @@ class DinScorer:
                 pooled = torch.matmul(w, hv)  # [1, c, d]
             else:
                 pooled = torch.zeros_like(cv)  # [1, c, d]: no history, no interest
-            prof = None if profile is None else profile[i : i + 1]  # [1, P]
-            out[i, keep] = self.net.head(pooled, cv, prof)[0]  # [c]: the head stays fp32
+            one = side.rows(i, i + 1)
+            if one.dense is not None:
+                one = SideInputs(one.codes, one.dense[:, keep], one.actions)  # [1, c, F]
+            out[i, keep] = self.net.head(pooled, cv, one)[0]  # [c]: the head stays fp32
         return out
 
     def score(
@@ -405,28 +444,17 @@ class DinScorer:
         hist_mask: npt.ArrayLike | Tensor,
         cands: npt.ArrayLike | Tensor,
         cand_mask: npt.ArrayLike | Tensor,
-        profile: npt.ArrayLike | Tensor | None = None,
+        side: SideArrays | None = None,
     ) -> npt.NDArray[np.float32]:
         """Click probabilities ``[B, C]`` (0 where ``cand_mask`` is False).
 
         ``hist [B, L, d]`` float32, ``hist_mask [B, L]`` bool, ``cands [B, C, d]`` float32,
         ``cand_mask [B, C]`` bool. A request with an empty history is scored on the candidate alone.
-        ``profile [B, P]`` int codes only for a model trained with profile features
-        (``spec.profile_sizes``); the default served model has none.
+        ``side``: the inputs the version's feature spec adds (:class:`SideArrays`); a model
+        without side inputs takes none.
         """
-        h = torch.as_tensor(
-            np.asarray(hist, dtype=np.float32) if not isinstance(hist, Tensor) else hist
-        )
-        hm = torch.as_tensor(
-            np.asarray(hist_mask, dtype=bool) if not isinstance(hist_mask, Tensor) else hist_mask
-        )
-        c = torch.as_tensor(
-            np.asarray(cands, dtype=np.float32) if not isinstance(cands, Tensor) else cands
-        )
-        cm = torch.as_tensor(
-            np.asarray(cand_mask, dtype=bool) if not isinstance(cand_mask, Tensor) else cand_mask
-        )
-        h, c, hm, cm = h.float(), c.float(), hm.bool(), cm.bool()
+        h, hm = tensor(hist, np.float32), tensor(hist_mask, bool)
+        c, cm = tensor(cands, np.float32), tensor(cand_mask, bool)
         d = self.spec.item_dim
         if h.dim() != 3 or c.dim() != 3 or h.shape[-1] != d or c.shape[-1] != d:
             raise ValueError(
@@ -434,9 +462,27 @@ class DinScorer:
             )
         if hm.shape != h.shape[:2] or cm.shape != c.shape[:2] or h.shape[0] != c.shape[0]:
             raise ValueError("masks must be [B, L] and [B, C] matching hist and cands")
-        prof = None if profile is None else torch.as_tensor(np.asarray(profile)).long()  # [B, P]
-        probs = torch.sigmoid(self.score_logits(h, hm, c, cm, prof))  # [B, C]
+        probs = torch.sigmoid(self.score_logits(h, hm, c, cm, side_tensors(side)))  # [B, C]
         return torch.where(cm, probs, torch.zeros_like(probs)).numpy()
+
+
+def features_of(config: Mapping[str, Any], spec: ModelSpec) -> FeatureSpec:
+    """The feature spec of a version's config, checked against its model's input sizes."""
+    length = int(config.get("train", {}).get("history_len", 50))
+    features = FeatureSpec.from_json(
+        config.get("feature_spec", {}).get("inputs"), default_length=length
+    )
+    expected = (
+        tuple(n for _, n in features.categorical),
+        len(features.counters),
+        len(features.actions) + 1 if features.actions else 0,
+    )
+    if expected != (spec.categorical_sizes, spec.dense_features, spec.action_vocab):
+        raise ArtifactError(
+            f"config.json: the feature spec's inputs {expected} (categorical sizes, counters, "
+            f"actions) do not match the model's {spec.categorical_sizes, spec.dense_features, spec.action_vocab}"
+        )
+    return features
 
 
 def dense_state(net: nn.Module, category_table: Tensor | None = None) -> dict[str, Tensor]:

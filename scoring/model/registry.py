@@ -21,10 +21,12 @@ from scoring.embeddings.store import EmbeddingStore
 from scoring.embeddings.validate import check_name
 from scoring.model.artifact import Artifact
 from scoring.model.canary import parse_split
-from scoring.model.din import DenseWeights, DinScorer
+from scoring.model.din import DenseWeights, DinScorer, ModelSpec, features_of
+from scoring.model.features import check_servable
 from streamrank import keys
 from streamrank.errors import ArtifactError, EmbeddingError, UnknownVersion
 from streamrank.redis.errors import redis_call
+from streamrank.settings import FeatureSettings
 
 logger = logging.getLogger(__name__)
 
@@ -109,9 +111,16 @@ async def published_config(redis: aioredis.Redis, version: str) -> dict[str, Any
     return _parse_config(raw, version)
 
 
-async def activate_version(redis: aioredis.Redis, version: str) -> str | None:
-    """Point ``sr:model:active`` at a fully published version; returns the previous one."""
-    await published_config(redis, version)
+async def activate_version(
+    redis: aioredis.Redis, version: str, *, features: FeatureSettings | None = None
+) -> str | None:
+    """Point ``sr:model:active`` at a fully published version; returns the previous one.
+    With ``features`` (the workers' feature settings), a version whose feature spec they cannot
+    serve is refused (ArtifactError naming the input)."""
+    config = await published_config(redis, version)
+    if features is not None:
+        spec = ModelSpec.from_json(config.get("model", {}))
+        check_servable(features_of(config, spec), features)
     await EmbeddingStore(redis=redis).table_meta(
         version, keys.ITEM_TABLE
     )  # UnknownVersion if absent

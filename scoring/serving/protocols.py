@@ -12,6 +12,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from scoring.model.features import FeatureSpec
+from scoring.model.side import SideArrays
+
 
 class SequenceEventLike(Protocol):
     """One event of a user's behaviour sequence (oldest first)."""
@@ -29,7 +32,9 @@ class SequenceEventLike(Protocol):
 class FeatureSource(Protocol):
     """Read side of the feature store: one Redis round trip per call, whole batch."""
 
-    async def get_sequences(self, user_ids: Sequence[str]) -> Mapping[str, Sequence[Any]]: ...
+    async def read_batch(
+        self, queries: Sequence[Any], *, counters: bool, attributes: bool
+    ) -> Sequence[Any]: ...
 
     async def item_popularity(self, item_ids: Sequence[str]) -> np.ndarray: ...
 
@@ -45,7 +50,10 @@ class EmbeddingSource(Protocol):
 
 
 class Scorer(Protocol):
-    """DIN serving forward: probabilities ``[B, C]``; masks are required."""
+    """DIN serving forward: probabilities ``[B, C]``; masks are required. ``features``: the
+    version's feature spec (what each request needs read and encoded)."""
+
+    features: FeatureSpec
 
     def score(
         self,
@@ -53,4 +61,5 @@ class Scorer(Protocol):
         hist_mask: np.ndarray,  # [B, L] bool
         cands: np.ndarray,  # [B, C, d] float32
         cand_mask: np.ndarray,  # [B, C] bool
+        side: SideArrays | None = None,
     ) -> np.ndarray: ...

@@ -1,8 +1,9 @@
 """What the model saw: the served-log record, and rescoring one offline.
 
 A record holds everything a score depended on besides the model version's weights and item
-table (which the store keeps per version): the history (item ids, ts, event ids) and the
-candidates. Rescoring it with the same version must reproduce the logged scores.
+table (which the store keeps per version): the history (item ids, ts, event ids, actions), the
+candidates and, for a version with side inputs, the raw feature values (``features``: the
+request's as-of time, its categorical codes and its counts per candidate). Rescoring it with the same version must reproduce the logged scores.
 
 Replies the version routed to could not score (degraded: fallback scores) are logged too, with
 ``degraded: true``, the reason and no sequence, so the outcomes worker can count a version's
@@ -18,6 +19,7 @@ import numpy as np
 
 from schemas import RankRequest
 from scoring.serving.assemble import assemble, gather
+from scoring.serving.features import ServedFeatures, side_arrays
 from scoring.serving.protocols import EmbeddingSource, Scorer
 from streamrank import keys
 
@@ -30,6 +32,7 @@ def served_record(
     served_at: int,
     *,
     latency_ms: float | None = None,
+    features: ServedFeatures | None = None,
 ) -> dict[str, Any]:
     """The point-in-time record of one scored request (served-log topic, key = request_id)."""
     record = _record(request, version, scores, served_at, latency_ms=latency_ms, degraded=False)
@@ -37,7 +40,10 @@ def served_record(
         "item_ids": [e.item_id for e in events],
         "ts": [int(e.ts) for e in events],
         "event_ids": [e.event_id for e in events],
+        "actions": [getattr(e, "action", None) for e in events],
     }
+    if features is not None:
+        record["features"] = features.to_json()
     return record
 
 
@@ -91,5 +97,13 @@ async def rescore(
     batch = assemble([history], [items], max_history=max(1, len(history)))
     rows = await embeddings.lookup(record["model_version"], keys.ITEM_TABLE, batch.unique_ids)
     hist, cands = gather(rows, batch)
-    scores = scorer.score(hist, batch.hist_mask, cands, batch.cand_mask)  # [1, C]
+    side = None
+    if "features" in record:
+        side = side_arrays(
+            scorer.features, [ServedFeatures.from_json(record["features"])],
+            width=batch.cand_mask.shape[1],
+            actions=[record["sequence"].get("actions") or [None] * len(history)],
+            hist_width=batch.hist_mask.shape[1],
+        )  # fmt: skip
+    scores = scorer.score(hist, batch.hist_mask, cands, batch.cand_mask, side)  # [1, C]
     return np.asarray(scores, dtype=np.float32)[0, : len(items)]

@@ -25,9 +25,11 @@ from typing import Any, Literal
 import numpy as np
 
 from schemas import RankRequest, RankResult, reasons
+from scoring.model.side import SideArrays
 from scoring.serving import replies
 from scoring.serving.assemble import assemble, gather, split_scores
 from scoring.serving.breaker import CircuitBreaker
+from scoring.serving.features import ServedFeatures, served_features, side_arrays
 from scoring.serving.margin import DeadlineMargin
 from scoring.serving.metrics import ScoringMetrics
 from scoring.serving.protocols import EmbeddingSource, FeatureSource, Scorer
@@ -36,6 +38,7 @@ from scoring.serving.watcher import RecentIds, Serving
 from streamrank import clock, keys
 from streamrank.errors import DependencyUnavailable, StreamrankError
 from streamrank.redis import errors as redis_errors
+from streams.reader import FeatureQuery
 
 logger = logging.getLogger(__name__)
 
@@ -77,22 +80,31 @@ def forward(
     hist_mask: np.ndarray,
     cands: np.ndarray,
     cand_mask: np.ndarray,
+    side: SideArrays | None = None,
     *,
     mode: ForwardMode,
 ) -> np.ndarray:
     """``[B, C]`` scores, one call for the batch or one per request (trimmed to its own sizes)."""
     if mode == "batched" or hist.shape[0] == 1:
-        return np.asarray(scorer.score(hist, hist_mask, cands, cand_mask), dtype=np.float32)
+        return np.asarray(scorer.score(hist, hist_mask, cands, cand_mask, side), dtype=np.float32)
     out = np.zeros(cand_mask.shape, dtype=np.float32)  # [B, C]
     hist_len = np.maximum(hist_mask.sum(axis=1), 1)
     cand_len = cand_mask.sum(axis=1)
     for b in range(hist.shape[0]):
         h, c = int(hist_len[b]), int(cand_len[b])
+        one = None
+        if side is not None:
+            one = SideArrays(
+                None if side.codes is None else side.codes[b : b + 1],
+                None if side.dense is None else side.dense[b : b + 1, :c],
+                None if side.actions is None else side.actions[b : b + 1, :h],
+            )
         out[b, :c] = scorer.score(
             hist[b : b + 1, :h],
             hist_mask[b : b + 1, :h],
             cands[b : b + 1, :c],
             cand_mask[b : b + 1, :c],
+            one,
         )[0]
     return out
 
@@ -175,45 +187,38 @@ class RankService:
         if not self._breaker.allow():
             return await self._fallback(batch, reasons.BREAKER_OPEN, start, None, routed=routed)
         t0 = time.perf_counter()
+        as_of = [b.request.as_of_ms(b.produced_ms) for b in batch]
+        specs = [serving.scorers[v].features for v in set(routed)]
+        queries = [
+            FeatureQuery(u, t, b.request.items) for u, t, b in zip(users, as_of, batch, strict=True)
+        ]
+        counters = any(s.counters for s in specs)
         try:
             async with self._within(until_ms):
-                sequences = await self._features.get_sequences(users)
+                reads = await self._features.read_batch(
+                    queries,
+                    counters=counters,
+                    attributes=counters or any(s.categorical for s in specs),
+                )
         except REDIS_FAILURES as exc:
             return await self._redis_failed(batch, exc, start, until_ms, routed)
         t_seq = time.perf_counter() - t0
-        events = [list(sequences.get(u, ()))[-self._sequence_length :] for u in users]
         groups: dict[str, _Group] = {}
         for i, version in enumerate(routed):
             groups.setdefault(version, _Group(version)).members.append(i)
         scores: list[list[float] | None] = [None] * len(batch)
         versions: list[str] = [""] * len(batch)
+        events: list[list[Any]] = [[] for _ in batch]
+        served: list[ServedFeatures | None] = [None] * len(batch)
         t_lookup = t_forward = 0.0
         try:
             for group in groups.values():
-                idx = group.members
-                assembled = assemble(
-                    [[e.item_id for e in events[i]] for i in idx],
-                    [batch[i].request.items for i in idx],
-                    max_history=self._sequence_length,
-                )
-                t1 = time.perf_counter()
-                async with self._within(until_ms):
-                    rows = await self._embeddings.lookup(
-                        group.version, keys.ITEM_TABLE, assembled.unique_ids
-                    )
-                t2 = time.perf_counter()
-                hist, cands = gather(rows, assembled)
-                probs = forward(
-                    serving.scorers[group.version], hist, assembled.hist_mask, cands,
-                    assembled.cand_mask, mode=self._mode,
-                )  # [B, C]  # fmt: skip
-                t3 = time.perf_counter()
-                t_lookup += t2 - t1
-                t_forward += t3 - t2
-                for i, row in zip(idx, split_scores(probs, assembled), strict=True):
-                    scores[i], versions[i] = row, group.version
-                if self._recent is not None:
-                    self._recent.add(assembled.unique_ids)
+                t_l, t_f = await self._score_group(
+                    group, serving.scorers[group.version], batch, reads, as_of, until_ms,
+                    scored=(scores, versions, events, served),
+                )  # fmt: skip
+                t_lookup += t_l
+                t_forward += t_f
         except REDIS_FAILURES as exc:
             return await self._redis_failed(batch, exc, start, until_ms, routed)
         except Exception as exc:
@@ -229,14 +234,62 @@ class RankService:
         for i, incoming in enumerate(batch):
             score_row = scores[i] or []
             result = self._result(incoming, score_row, versions[i], False, None, stages, start)
-            served = None
+            record = None
             if self._log_served:
-                served = served_record(
+                record = served_record(
                     incoming.request, versions[i], events[i], score_row, result.served_at,
-                    latency_ms=_latency_ms(result),
+                    latency_ms=_latency_ms(result), features=served[i],
                 )  # fmt: skip
-            out.append(Ranked(result, served))
+            out.append(Ranked(result, record))
         return out
+
+    async def _score_group(
+        self,
+        group: _Group,
+        scorer: Scorer,
+        batch: Sequence[Incoming],
+        reads: Sequence[Any],
+        as_of: Sequence[int],
+        until_ms: int,
+        *,
+        scored: tuple[list[Any], list[str], list[list[Any]], list[ServedFeatures | None]],
+    ) -> tuple[float, float]:
+        """Score the requests one version serves: its spec's features, one embedding lookup,
+        one forward; fills ``scored`` (scores, versions, events, served features) in place and
+        returns the lookup and forward seconds."""
+        scores, versions, events, served = scored
+        idx = group.members
+        spec = scorer.features
+        length = min(spec.sequence_length, self._sequence_length)
+        for i in idx:
+            events[i] = list(reads[i].user.sequence)[-length:]
+            served[i] = served_features(spec, as_of[i], batch[i].request.context, reads[i])
+        assembled = assemble(
+            [[e.item_id for e in events[i]] for i in idx],
+            [batch[i].request.items for i in idx],
+            max_history=length,
+        )
+        side = side_arrays(
+            spec, [served[i] for i in idx], width=assembled.cand_mask.shape[1],  # type: ignore[misc]
+            actions=[[e.action for e in events[i]] for i in idx],
+            hist_width=assembled.hist_mask.shape[1],
+        )  # fmt: skip
+        t1 = time.perf_counter()
+        async with self._within(until_ms):
+            rows = await self._embeddings.lookup(
+                group.version, keys.ITEM_TABLE, assembled.unique_ids
+            )
+        t2 = time.perf_counter()
+        hist, cands = gather(rows, assembled)
+        probs = forward(
+            scorer, hist, assembled.hist_mask, cands, assembled.cand_mask, side, mode=self._mode
+        )  # [B, C]
+        t3 = time.perf_counter()
+        for i, row in zip(idx, split_scores(probs, assembled), strict=True):
+            scores[i], versions[i] = row, group.version
+        if self._recent is not None:
+            self._recent.add(assembled.unique_ids)
+        return t2 - t1, t3 - t2
 
     # --- degradation ------------------------------------------------------------------------
 

@@ -54,6 +54,7 @@ def real_dependencies(
     """The production feature reader, cached embedding store and DIN scorer loader."""
     from scoring.embeddings.cache import CachedEmbeddings
     from scoring.embeddings.store import EmbeddingStore
+    from scoring.model.features import check_servable
     from scoring.model.registry import load_scorer_from_redis
     from streams.reader import FeatureReader
 
@@ -66,6 +67,7 @@ def real_dependencies(
         scorer, config = await load_scorer_from_redis(
             redis, version, dense=settings.scoring.dense_weights
         )
+        check_servable(scorer.features, settings.features)  # refused: serving stays as it is
         metrics.model_encoding(version, str(config.get("encoding", "unknown")))
         return scorer
 

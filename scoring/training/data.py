@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from scoring.model.features import AGE_BUCKETS
 from scoring.training.movielens_files import (
     atomic_header,
     need_columns,
@@ -343,69 +344,12 @@ def _stack_eval(parts: list, history_len: int, n_negatives: int) -> Samples:
     )
 
 
-# --- user profile (optional model input) ---------------------------------------------------------
-
-PROFILE_FEATURES: tuple[str, ...] = ("age", "gender", "occupation")
-# Age buckets as in MovieLens-1M: under 18, 18-24, 25-34, 35-44, 45-49, 50-55, 56+.
-_AGE_EDGES: tuple[int, ...] = (18, 25, 35, 45, 50, 56)
-AGE_BUCKETS: tuple[str, ...] = ("<18", "18-24", "25-34", "35-44", "45-49", "50-55", "56+")
-UNKNOWN = "unknown"
-
-
-def age_bucket(age: str) -> str:
-    """The age bucket of a raw age string (``unknown`` when it is not a number)."""
-    try:
-        years = int(float(age))
-    except (ValueError, OverflowError):  # "x", "nan"; "inf"
-        return UNKNOWN
-    return AGE_BUCKETS[int(np.searchsorted(np.asarray(_AGE_EDGES), years, side="right"))]
-
-
-@dataclass(frozen=True)
-class Profiles:
-    """Users' profile features as small-vocabulary codes; code 0 = ``unknown`` in every feature."""
-
-    features: tuple[str, ...]
-    vocab: dict[str, list[str]]  # feature -> values, index = code
-    users: npt.NDArray[np.str_]  # sorted user ids
-    codes: IntArray  # [n_users, P]
-
-    def encode(self, raw: dict[str, str] | None) -> list[int]:
-        """Codes of one user's raw profile (``{"age": "24", "gender": "M", ...}``)."""
-        raw = raw or {}
-        out = []
-        for feature in self.features:
-            value = raw.get(feature, UNKNOWN)
-            value = age_bucket(value) if feature == "age" and value != UNKNOWN else value
-            values = self.vocab[feature]
-            out.append(values.index(value) if value in values else 0)
-        return out
-
-    def lookup(self, user_ids: npt.NDArray[np.str_]) -> IntArray:
-        """Codes ``[n, P]`` of many users (unknown users get all zeros)."""
-        if len(self.users) == 0:
-            return np.zeros((len(user_ids), len(self.features)), dtype=np.int64)
-        pos = np.minimum(np.searchsorted(self.users, user_ids), len(self.users) - 1)
-        found = self.users[pos] == user_ids
-        return np.where(found[:, None], self.codes[pos], 0)
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "features": list(self.features),
-            "vocab": self.vocab,
-            "age_buckets": list(AGE_BUCKETS),
-        }
-
-
-def build_profiles(ds: Dataset) -> Profiles:
-    """Profiles of the dataset's users (all ``unknown`` where the data has none)."""
-    vocab: dict[str, list[str]] = {"age": [UNKNOWN, *AGE_BUCKETS]}
-    for feature in PROFILE_FEATURES[1:]:
-        seen = sorted({p[feature] for p in ds.users.values() if p.get(feature)} - {UNKNOWN})
-        vocab[feature] = [UNKNOWN, *seen]
-    base = Profiles(PROFILE_FEATURES, vocab, np.zeros(0, dtype=np.str_), np.zeros((0, 3), np.int64))
-    users = np.asarray(sorted(ds.users), dtype=np.str_)
-    codes = np.asarray([base.encode(ds.users[u]) for u in users.tolist()], dtype=np.int64)
-    return Profiles(
-        PROFILE_FEATURES, vocab, users, codes.reshape(len(users), len(PROFILE_FEATURES))
-    )
+def attribute_vocab(ds: Dataset) -> dict[str, tuple[str, ...]]:
+    """The user attribute vocabularies of the data (age buckets, the genders and occupations seen);
+    empty when the data has no user attributes."""
+    if not ds.users:
+        return {}
+    vocab: dict[str, tuple[str, ...]] = {"age": AGE_BUCKETS}
+    for name in ("gender", "occupation"):
+        vocab[name] = tuple(sorted({p[name] for p in ds.users.values() if p.get(name)}))
+    return vocab

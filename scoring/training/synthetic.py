@@ -5,7 +5,9 @@ space, only the items that get clicked), split into ``n_clusters`` interest clus
 category; item ``i`` belongs to cluster ``i % n_clusters``). Within a cluster popularity is Zipf:
 the ``r``-th most popular item of cluster ``c`` is ``c + n_clusters * r``. Each user has
 ``interests`` planted clusters with Dirichlet weights and draws every click from one of them.
-A model that reads the history (DIN) can tell which clusters a user likes; Popularity cannot.
+A model that reads the history can tell which clusters a user likes; Popularity cannot. With
+several interests per user, a candidate's relevance depends on which past events share its
+cluster: DIN's attention picks those out, BaseModel's sum pooling blurs the interests together.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ def generate(
     n_users: int = 2000,
     n_items: int = 2_000_000,
     n_clusters: int = 50,
-    interests: int = 3,
+    interests: int = 5,
     events_per_user: tuple[int, int] = (20, 60),
     zipf_a: float = 1.3,
     seed: int = 7,

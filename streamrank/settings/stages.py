@@ -67,6 +67,13 @@ class FeatureSettings(Section):
     commit_interval_s: float = Field(
         0.5, gt=0, description="How often the features worker commits acked offsets."
     )
+    item_cache_s: float = Field(
+        1.0,
+        ge=0,
+        description="How long a scoring worker reuses a candidate's counters and attributes "
+        "read for the same window (a hot item is read once per this per process; a late click "
+        "shows up to this much later); 0 = read every batch.",
+    )
 
 
 class EmbeddingSettings(Section):

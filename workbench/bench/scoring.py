@@ -49,6 +49,7 @@ from streamrank.redis.client import redis_client, used_memory
 from streamrank.settings import Settings
 from workbench.bench import compare
 from workbench.bench.loadgen import make_requests, zipf_ids
+from workbench.bench.scoring_features import requests_needed as features_requests
 from workbench.bench.scoring_phases import (
     Request,
     forward_only,
@@ -59,6 +60,7 @@ from workbench.bench.scoring_phases import (
 
 if TYPE_CHECKING:
     from scoring.embeddings.store import EmbeddingStore
+    from scoring.model.features import FeatureSpec
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +101,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="a smoke run: 20k items, 1k users, short phases",
     )
+    parser.add_argument(
+        "--features",
+        action="store_true",
+        help="also saturate a version with every feature family against the sequence-only one "
+        "(alternating, same run): features_ab.features_vs_sequence",
+    )
     compare.add_arguments(parser)
 
 
@@ -129,10 +137,16 @@ def bench_stack(settings: Settings) -> Iterator[tuple[Settings, str]]:
 
 
 async def publish_synthetic(
-    redis: aioredis.Redis, *, n_items: int, seed: int, version: str, workdir: Path
+    redis: aioredis.Redis,
+    *,
+    n_items: int,
+    seed: int,
+    version: str,
+    workdir: Path,
+    features: FeatureSpec | None = None,
 ) -> tuple[Any, np.ndarray]:
-    """A random-weight DIN and item table, saved as an artifact and published; returns the
-    scorer and the float32 item table (row n = id ``i{n}``)."""
+    """A random-weight DIN (with ``features``' side inputs) and item table, saved as an
+    artifact and published; returns the scorer and the float32 item table (row n = ``i{n}``)."""
     import torch
 
     from scoring.model.artifact import load_artifact, save_artifact
@@ -140,6 +154,9 @@ async def publish_synthetic(
     from scoring.model.registry import publish_artifact
 
     spec = ModelSpec()
+    if features is not None:
+        spec = ModelSpec(categorical_sizes=tuple(n for _, n in features.categorical),
+                         dense_features=len(features.counters))  # fmt: skip
     torch.manual_seed(seed)
     net = DIN(spec)
     rng = np.random.default_rng(seed)
@@ -154,7 +171,10 @@ async def publish_synthetic(
         item_table=table,
         oov_row=np.zeros(spec.item_dim, dtype=np.float32),
         encoding="int8",
-        feature_spec={"synthetic": True},
+        feature_spec={
+            "synthetic": True,
+            **({"inputs": features.to_json()} if features is not None else {}),
+        },
         data={"synthetic": {"items": n_items, "seed": seed}},
         metrics={},
         train={"note": "random weights: a throughput benchmark, not a trained model"},
@@ -287,7 +307,8 @@ async def _run(args: argparse.Namespace, base: Settings, stack_kind: str) -> dic
     rates = [float(r) for r in args.rates.split(",") if r.strip()]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     t0 = time.perf_counter()
-    requests, histories = make_traffic(args, tag, requests_needed(args, modes, rates))
+    extra = features_requests(args) if args.features else 0
+    requests, histories = make_traffic(args, tag, requests_needed(args, modes, rates) + extra)
     timings["traffic_s"] = round(time.perf_counter() - t0, 1)
     store = EmbeddingStore(redis=redis)
     result: dict[str, Any] = {}
@@ -300,17 +321,47 @@ async def _run(args: argparse.Namespace, base: Settings, stack_kind: str) -> dic
             configure_torch(settings.scoring)  # the same thread settings as the worker
             fwd = forward_only(stored.scorer, stored.table, requests[:512], histories,
                                batch=settings.scoring.batch_max)  # fmt: skip
+            if args.features:
+                result["features_ab"] = await _features_ab(
+                    args, settings, redis, version, result, requests[len(requests) - extra :],
+                    Path(workdir),
+                )  # fmt: skip
             result["forward_only_rps"] = max(fwd.values())
             result["forward_only_rps_by_mode"] = fwd
             result["redis_bytes_per_embedding_row"] = round(stored.bytes_per_row, 1)
             result["redis_bytes_per_user_sequence"] = round(stored.bytes_per_user, 1)
         finally:
             await remove_inputs(redis, store, version, list(histories))
+            if args.features:
+                await remove_inputs(redis, store, f"{version}-features", [])
             await redis.aclose()
     result.update(verdict(result))
     result["config"] = run_config(args, settings, stack_kind)
     result["setup"] = timings
     return result
+
+
+async def _features_ab(
+    args: argparse.Namespace,
+    settings: Settings,
+    redis: aioredis.Redis,
+    version: str,
+    result: dict[str, Any],
+    requests: list[Request],
+    workdir: Path,
+) -> dict[str, Any]:
+    """The features version published beside the sequence-only one, both saturated."""
+    from workbench.bench.scoring_features import bench_feature_spec, features_ab
+
+    features_version = f"{version}-features"
+    await publish_synthetic(
+        redis, n_items=args.items, seed=args.seed, version=features_version,
+        workdir=workdir / "features", features=bench_feature_spec(args.history),
+    )  # fmt: skip
+    return await features_ab(
+        args, settings, sequence_version=version, features_version=features_version,
+        mode=result.get("max_rps_forward_mode", "batched"), requests=requests,
+    )  # fmt: skip
 
 
 # --- report -----------------------------------------------------------------------------------

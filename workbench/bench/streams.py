@@ -224,7 +224,7 @@ class ProbeWatch:
     def expect(self, probe: int, user: str, event_id: str) -> None:
         self.pending[probe] = (
             keys.sequence(user),
-            keys.sequence_member(event_id, "p", None),
+            keys.sequence_member(event_id, "p", None, "click"),  # the default action
             time.perf_counter(),
         )
 

@@ -10,8 +10,10 @@ from streamrank.settings import Settings
 
 
 def _train(args: argparse.Namespace, settings: Settings) -> int:
+    from scoring.model.features import parse_families
     from scoring.training.data import load_movielens
-    from scoring.training.train import TrainConfig, export_artifact, train_and_evaluate
+    from scoring.training.export import export_artifact
+    from scoring.training.train import TrainConfig, train_and_evaluate
     from workbench.datasets import movielens_dir
 
     if args.synthetic:
@@ -28,7 +30,10 @@ def _train(args: argparse.Namespace, settings: Settings) -> int:
         history_len=settings.features.sequence_length,
         n_negatives=args.negatives,
         threads=settings.scoring.torch_threads,
-        profile=args.profile,
+        families=parse_families(args.features),
+        bucket_s=(settings.features.counter_bucket_s, settings.features.counter_coarse_bucket_s),
+        patience=args.patience,
+        time_split=not args.no_time_split,
     )
     result = train_and_evaluate(ds, cfg, progress=not args.no_progress)
     out = args.out or settings.tools.artifacts_dir
@@ -46,10 +51,12 @@ def _train(args: argparse.Namespace, settings: Settings) -> int:
             "items": len(ds.items),
         },
         "test": m["test"],
+        "selected": m["selected"],
         "auc_by_encoding": m["auc_by_encoding"],
         "goals": m["goals"],
         "serving_vs_forward_max_abs_diff": m["serving_vs_forward_max_abs_diff"],
         "samples": m["samples"],
+        "time_split": m["time_split"],
         "best_epoch": {k: v["best_epoch"] for k, v in m["training"].items()},
         "train": cfg.to_json(),
         "train_seconds": m["train_seconds"],
@@ -61,9 +68,15 @@ def _train(args: argparse.Namespace, settings: Settings) -> int:
         print_json(report)
         return 0
     print(f"artifact {path} (version {path.name})")
-    print(f"{'model':<12}{'auc':>9}{'gauc':>9}")
+    split = m["time_split"] or {}
+    timed = split.get("test", {})
+    print(f"{'':<12}{'leave-last-out':>18}" + (f"{'time split':>18}" if timed else ""))
+    print(f"{'model':<12}" + f"{'auc':>9}{'gauc':>9}" * (2 if timed else 1))
     for name, vals in m["test"].items():
-        print(f"{name:<12}{vals['auc']:>9.4f}{vals['gauc']:>9.4f}")
+        extra = f"{timed[name]['auc']:>9.4f}{timed[name]['gauc']:>9.4f}" if timed else ""
+        print(f"{name:<12}{vals['auc']:>9.4f}{vals['gauc']:>9.4f}{extra}")
+    if split and "not_run" in split:
+        print(f"time split not run: {split['not_run']} ({split['counts']})")
     print(
         "din auc by encoding: " + ", ".join(f"{k} {v:.4f}" for k, v in m["auc_by_encoding"].items())
     )
@@ -117,7 +130,7 @@ def _activate(args: argparse.Namespace, settings: Settings) -> int:
     async def go() -> str | None:
         redis = await _redis(settings)
         try:
-            return await activate_version(redis, args.version)
+            return await activate_version(redis, args.version, features=settings.features)
         finally:
             await redis.aclose()
 
@@ -131,6 +144,7 @@ def _activate(args: argparse.Namespace, settings: Settings) -> int:
 
 def register(sub: Any) -> None:
     from scoring.embeddings.codec import ENCODINGS
+    from scoring.model.features import FAMILIES
 
     train = sub.add_parser(
         "train", help="train DIN + baselines, evaluate, write a versioned artifact"
@@ -153,11 +167,16 @@ def register(sub: Any) -> None:
     train.add_argument("--lr", type=float, default=2e-3)
     train.add_argument("--seed", type=int, default=17)
     train.add_argument("--negatives", type=int, default=20, help="sampled negatives per test user")
+    train.add_argument("--patience", type=int, default=None,
+                       help="stop a model after this many epochs without a better validation GAUC")  # fmt: skip
+    train.add_argument("--no-time-split", action="store_true",
+                       help="evaluate leave-last-out only (skips the second fit)")  # fmt: skip
     train.add_argument(
-        "--profile",
-        action="store_true",
-        help="also feed the user profile (age bucket, gender, occupation) to the models; such a "
-        "model needs profile codes at serving time, which the scoring worker does not have",
+        "--features",
+        default=",".join(FAMILIES),
+        help="feature families of the featured models, comma-separated (default: all of "
+        f"{','.join(FAMILIES)}); DIN on the sequence alone is trained beside them and the "
+        "better on validation GAUC becomes the version",
     )
     train.add_argument(
         "--encoding",

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from scoring.model.artifact import CANDIDATES_FILE, load_artifact
-from streamrank.errors import StreamrankError
 from streamrank.settings import Settings
 from workbench.cli.common import print_json, run_async
 
@@ -19,12 +18,6 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
 
     path = Path(args.artifact) if args.artifact else newest_artifact(settings.tools.artifacts_dir)
     artifact = load_artifact(path, artifacts_dir=settings.tools.artifacts_dir)
-    if getattr(artifact.spec, "profile_sizes", ()):
-        raise StreamrankError(
-            f"{artifact.version} takes a user profile input, which the scoring worker does not "
-            "serve (requests carry no profile); replay a profile-free artifact (the default of "
-            "`streamrank train`)"
-        )
     cases = load_cases(artifact.path / CANDIDATES_FILE, limit=args.users)
     say(f"artifact {artifact.path}: {len(cases)} test users")
     run_dir = Path(settings.tools.run_dir).resolve() / "replay"

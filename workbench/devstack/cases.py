@@ -61,6 +61,10 @@ class Case:
     labels: tuple[int, ...]
     history: tuple[dict[str, Any], ...]  # event_id, item_id, category, ts (epoch ms)
     file_scores: tuple[float, ...]  # offline DIN scores written by train (fp32 item table)
+    ts: int | None = None  # the sample time (epoch ms): the request's as-of time
+    features: dict[str, Any] | None = None  # raw side feature values the model saw offline
+    attributes: dict[str, str] | None = None  # the user's attributes
+    categories: tuple[str, ...] = ()  # the candidates' categories
 
 
 def load_cases(path: Path, *, limit: int | None = None) -> list[Case]:
@@ -82,6 +86,10 @@ def load_cases(path: Path, *, limit: int | None = None) -> list[Case]:
                     labels=tuple(int(x) for x in row["labels"]),
                     history=tuple(row["history"]),
                     file_scores=tuple(row["scores"]["din"]),
+                    ts=row.get("ts"),
+                    features=row.get("features"),
+                    attributes=row.get("attributes"),
+                    categories=tuple(row.get("categories", ())),
                 )
             )
     if not cases:
@@ -126,9 +134,22 @@ def offline_scores(
         )
         hist, cands = gather(table[index], batch)  # [b, L, d], [b, C, d]
         out[start : start + len(chunk)] = scorer.score(
-            hist, batch.hist_mask, cands, batch.cand_mask
+            hist, batch.hist_mask, cands, batch.cand_mask, case_side(scorer.features, chunk)
         )
     return out
+
+
+def case_side(spec: Any, cases: Sequence[Case]) -> Any:
+    """The side inputs of test users from the raw values the training code computed."""
+    from scoring.serving.features import ServedFeatures, side_arrays
+
+    served = [
+        ServedFeatures(
+            c.ts or 0, (c.features or {}).get("codes"), (c.features or {}).get("counters")
+        )
+        for c in cases
+    ]
+    return side_arrays(spec, served, width=max(len(c.items) for c in cases))
 
 
 def quality(labels: npt.ArrayLike, scores: npt.ArrayLike) -> dict[str, float]:

@@ -4,6 +4,7 @@ scores of the same version for every candidate, and the AUC is the same."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -99,3 +100,45 @@ def test_replay_with_int8_dense_weights_equals_offline_int8(
     int8_effect = float(np.abs(int8 - fp32).max())
     assert int8_effect > 0
     assert report["max_abs_diff"] <= int8_effect / 10, (report["max_abs_diff"], int8_effect)
+
+
+def test_replay_of_a_version_with_counters_and_context_is_consistent(
+    stack: StackInfo,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The whole log replayed at its own (historical) times; every request as of its test
+    # sample's time: counters and context online equal the training code's, candidate by candidate.
+    from scoring.model.features import FAMILIES
+
+    monkeypatch.setenv("STREAMRANK_KAFKA_BOOTSTRAP", stack.bootstrap)
+    monkeypatch.setenv("STREAMRANK_REDIS_URL", stack.redis_url)
+    monkeypatch.setenv("STREAMRANK_RUN_DIR", str(tmp_path / "run"))
+    path = train_tiny_artifact(tmp_path / "artifacts", seed=13, families=FAMILIES)
+    artifact = load_artifact(path)
+    features = artifact.scorer().features
+    assert features.counters and features.has("context")
+    cases = load_cases(path / CANDIDATES_FILE)
+    assert any(any(row) for c in cases for row in (c.features or {})["counters"])
+
+    code = main(["replay", "--artifact", str(path), "--json", "--no-progress"])
+    out = capsys.readouterr()
+    assert code == 0, out.err[-3000:]
+    report = json.loads(out.out)
+    assert report["consistent"] and report["answered"] == len(cases) and report["degraded"] == 0
+    assert report["events_replayed"] > sum(len(c.history) for c in cases)  # the whole log
+    assert report["max_abs_diff"] <= 1e-5 and report["online"] == report["offline"]
+    # the side inputs mattered: without them (all zero) the expectation differs
+    blank = [dataclasses.replace(c, features={k: np.zeros_like(v).tolist()
+                                              for k, v in (c.features or {}).items()})
+             for c in cases]  # fmt: skip
+    kw = {"encoding": report["encoding"], "max_history": 20}
+    assert (
+        np.abs(offline_scores(artifact, blank, **kw) - offline_scores(artifact, cases, **kw)).max()
+        > 1e-4
+    )
+    # the run's item counter keys and user keys are gone
+    client = stack.sync_redis()
+    assert not list(client.scan_iter(match=keys.user_keys_pattern(f"{report['run']}-*")))
+    client.close()

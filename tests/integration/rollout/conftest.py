@@ -11,8 +11,9 @@ import pytest
 @pytest.fixture(scope="session")
 def rollout_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from scoring.model.din import ModelSpec
+    from scoring.training.export import export_artifact
     from scoring.training.synthetic import generate
-    from scoring.training.train import TrainConfig, export_artifact, train_and_evaluate
+    from scoring.training.train import TrainConfig, train_and_evaluate
 
     ds = generate(
         n_users=300, n_items=300, n_clusters=5, interests=2, events_per_user=(10, 20), seed=3
@@ -20,7 +21,10 @@ def rollout_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     spec = ModelSpec(
         item_dim=16, id_dim=8, category_dim=8, attention_hidden=(16, 8), mlp_hidden=(16, 8)
     )
-    cfg = TrainConfig(epochs=4, batch_size=128, n_negatives=9, history_len=20, seed=3, spec=spec)
+    cfg = TrainConfig(
+        epochs=4, batch_size=128, n_negatives=9, history_len=20, seed=3, spec=spec,
+        families=("sequence",), time_split=False,  # only the served model is needed
+    )  # fmt: skip
     result = train_and_evaluate(ds, cfg, progress=False)
     assert result.metrics["test"]["din"]["auc"] > 0.8, result.metrics["test"]
     out = tmp_path_factory.mktemp("rollout-model")

@@ -21,11 +21,14 @@ from streamrank import keys
 from streamrank.settings import Settings
 
 
-def train_tiny_artifact(out_dir: Path, *, seed: int) -> Path:
+def train_tiny_artifact(
+    out_dir: Path, *, seed: int, families: tuple[str, ...] = ("sequence",)
+) -> Path:
     """A really trained, tiny DIN (synthetic clicks, one epoch, small dims): seconds on a CPU."""
     from scoring.model.din import ModelSpec
+    from scoring.training.export import export_artifact
     from scoring.training.synthetic import generate
-    from scoring.training.train import TrainConfig, export_artifact, train_and_evaluate
+    from scoring.training.train import TrainConfig, train_and_evaluate
 
     ds = generate(
         n_users=60, n_items=300, n_clusters=5, interests=2, events_per_user=(8, 14), seed=seed
@@ -33,7 +36,11 @@ def train_tiny_artifact(out_dir: Path, *, seed: int) -> Path:
     spec = ModelSpec(
         item_dim=8, id_dim=4, category_dim=4, attention_hidden=(8, 4), mlp_hidden=(8, 4)
     )
-    cfg = TrainConfig(epochs=1, batch_size=128, n_negatives=4, history_len=20, seed=seed, spec=spec)
+    cfg = TrainConfig(
+        epochs=1, batch_size=128, n_negatives=4, history_len=20, seed=seed, spec=spec,
+        families=families, select="features" if families != ("sequence",) else "best",
+        time_split=False,  # only the served model is needed
+    )  # fmt: skip
     result = train_and_evaluate(ds, cfg, progress=False)
     return Path(export_artifact(result, ds, cfg, out_dir, encoding="int8"))
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from scoring.model.din import DIN, BaseModel, DinScorer, ModelSpec, PReLU, dense_bytes, dense_state
+from scoring.model.side import NO_SIDE, SideArrays, SideInputs
 from streamrank.errors import ArtifactError
 
 SPEC = ModelSpec()
@@ -140,7 +141,7 @@ def test_base_model_is_masked_sum_pooling() -> None:
     with torch.no_grad():
         got = net(hist, mask, cands[:, 0])
         pooled = torch.stack([hist[i][mask[i]].sum(0) for i in range(2)])
-        expected = net.head(pooled, cands[:, 0])
+        expected = net.head(pooled, cands[:, 0], NO_SIDE)
     torch.testing.assert_close(got, expected)
 
 
@@ -182,32 +183,51 @@ def test_bench_model_compares_both_paths_on_the_same_requests() -> None:
         assert r["speedup"] > 0
 
 
-def test_profile_model_scorer_equals_forward_and_uses_the_profile() -> None:
-    spec = ModelSpec(profile_sizes=(8, 3, 5))
+@pytest.mark.parametrize("dense", ["fp32", "int8"])
+def test_side_inputs_reach_the_score_and_the_scorer_equals_forward(dense: str) -> None:
+    spec = ModelSpec(categorical_sizes=(24, 7, 5), dense_features=5, action_vocab=4)
     assert ModelSpec.from_json(spec.to_json()) == spec
-    legacy = {k: v for k, v in ModelSpec().to_json().items() if not k.startswith("profile")}
-    assert ModelSpec.from_json(legacy) == ModelSpec()  # configs without profile keys still load
+    legacy = {
+        k: v
+        for k, v in ModelSpec().to_json().items()
+        if k not in spec.to_json()
+        or k in ("kind", "item_dim", "id_dim", "category_dim", "attention_hidden", "mlp_hidden")
+    }
+    assert ModelSpec.from_json(legacy) == ModelSpec()  # configs without side keys still load
     torch.manual_seed(0)
     net = DIN(spec).eval()
     with torch.no_grad():
         for p in net.parameters():
             p.add_(torch.randn_like(p) * 0.1)
-    scorer = DinScorer(net)
+    scorer = DinScorer(net, dense=dense)  # type: ignore[arg-type]
     hist, mask, cands = _batch(3, 40, 50)
     cm = torch.ones(3, 40, dtype=torch.bool)
-    prof = torch.tensor([[1, 2, 3], [0, 0, 0], [7, 1, 4]])
-    got = scorer.score(hist, mask, cands, cm, profile=prof)
+    side = SideArrays(
+        codes=np.array([[1, 2, 3], [0, 0, 0], [23, 6, 4]]),  # [B, P]
+        dense=np.random.default_rng(1).random((3, 40, 5)).astype(np.float32),  # [B, C, F]
+        actions=np.random.default_rng(2).integers(0, 4, size=(3, 50)),  # [B, L]
+    )
+    got = scorer.score(hist, mask, cands, cm, side)
     with torch.no_grad():
         logits = net(
             hist.repeat_interleave(40, 0),
             mask.repeat_interleave(40, 0),
             cands.reshape(-1, D),
-            prof.repeat_interleave(40, 0),
+            SideInputs(
+                torch.from_numpy(side.codes).repeat_interleave(40, 0),  # type: ignore[arg-type]
+                torch.from_numpy(side.dense).reshape(-1, 5),  # type: ignore[arg-type]
+                torch.from_numpy(side.actions).repeat_interleave(40, 0),  # type: ignore[arg-type]
+            ),
         )
-    np.testing.assert_allclose(got, torch.sigmoid(logits).view(3, 40).numpy(), atol=1e-5)
-    other = scorer.score(hist, mask, cands, cm, profile=torch.tensor([[2, 1, 0]] * 3))
-    assert np.abs(other - got).max() > 1e-4
-    with pytest.raises(ValueError, match="needs the user profile"):
+    atol = 1e-5 if dense == "fp32" else 5e-2
+    np.testing.assert_allclose(got, torch.sigmoid(logits).view(3, 40).numpy(), atol=atol)
+    for changed in (
+        SideArrays(np.array([[2, 1, 0]] * 3), side.dense, side.actions),
+        SideArrays(side.codes, side.dense * 3, side.actions),  # type: ignore[operator]
+        SideArrays(side.codes, side.dense, (side.actions + 1) % 4),  # type: ignore[operator]
+    ):
+        assert np.abs(scorer.score(hist, mask, cands, cm, changed) - got).max() > 1e-4
+    with pytest.raises(ValueError, match="this model needs"):
         scorer.score(hist, mask, cands, cm)
 
 

@@ -16,7 +16,6 @@ from schemas import (
     Limits,
     RankRequest,
     RankResult,
-    as_of_ms,
     decode_click,
     decode_dead_letter,
     decode_request,
@@ -271,6 +270,6 @@ def test_request_ts_is_checked_and_names_its_reason() -> None:
 def test_as_of_is_the_request_ts_else_the_record_timestamp() -> None:
     timed = RankRequest("r", "u", ("a",), ts=1_000)
     untimed = RankRequest("r", "u", ("a",))
-    assert timed.as_of_ms(5_000) == as_of_ms(timed, 5_000) == 1_000
-    assert untimed.as_of_ms(5_000) == as_of_ms(untimed, 5_000) == 5_000
-    assert as_of_ms(RankRequest("r", "u", ("a",), ts=0), 5_000) == 0  # 0 is a time, not "none"
+    assert timed.as_of_ms(5_000) == 1_000
+    assert untimed.as_of_ms(5_000) == 5_000
+    assert RankRequest("r", "u", ("a",), ts=0).as_of_ms(5_000) == 0  # 0 is a time, not "none"

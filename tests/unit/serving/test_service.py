@@ -15,7 +15,9 @@ import pytest
 
 from schemas import RankRequest, reasons
 from scoring.model.canary import parse_split
+from scoring.model.features import FeatureSpec
 from scoring.serving.breaker import BreakerState, CircuitBreaker
+from scoring.serving.features import ServedFeatures
 from scoring.serving.margin import DeadlineMargin
 from scoring.serving.metrics import ScoringMetrics
 from scoring.serving.served_log import served_record
@@ -23,6 +25,7 @@ from scoring.serving.service import Incoming, RankService
 from scoring.serving.watcher import Serving
 from streamrank import clock
 from streamrank.errors import EmbeddingError
+from streams.reader import FeatureQuery, ItemFeatures, RequestFeatures, UserFeatures
 
 DIM = 4
 
@@ -37,6 +40,7 @@ class Event:
     item_id: str
     ts: int
     event_id: str
+    action: str | None = None
 
 
 class Features:
@@ -52,6 +56,19 @@ class Features:
         if self.fail_sequences:
             raise ConnectionError("redis down")
         return {u: self.sequences.get(u, []) for u in user_ids}
+
+    async def read_batch(
+        self, queries: Sequence[FeatureQuery], *, counters: bool, attributes: bool
+    ) -> list[RequestFeatures]:
+        """The store's batch read over :meth:`get_sequences`: events before each as-of time."""
+        sequences = await self.get_sequences([q.user_id for q in queries])
+        return [
+            RequestFeatures(
+                UserFeatures([e for e in sequences[q.user_id] if e.ts < q.as_of_ms], 0, 0, {}, {}),
+                [ItemFeatures(0, 0, None) for _ in q.items],
+            )
+            for q in queries
+        ]
 
     async def item_popularity(self, item_ids: Sequence[str]) -> np.ndarray:
         self.calls += 1
@@ -80,8 +97,15 @@ class Embeddings:
 class MeanDotScorer:
     """sigmoid(cand . masked-mean(history)); padding must not change it."""
 
+    features = FeatureSpec()
+
     def score(
-        self, hist: np.ndarray, hist_mask: np.ndarray, cands: np.ndarray, cand_mask: np.ndarray
+        self,
+        hist: np.ndarray,
+        hist_mask: np.ndarray,
+        cands: np.ndarray,
+        cand_mask: np.ndarray,
+        side: Any = None,
     ) -> np.ndarray:
         m = hist_mask[..., None].astype(np.float32)
         mean = (hist * m).sum(1) / np.maximum(m.sum(1), 1.0)  # [B, d]
@@ -112,8 +136,9 @@ def make(
     return service, breaker
 
 
-def incoming(rid: str, user: str, items: Sequence[str]) -> Incoming:
-    return Incoming(RankRequest(rid, user, tuple(items)), produced_ms=0, received_ms=5)
+def incoming(rid: str, user: str, items: Sequence[str], ts: int | None = None) -> Incoming:
+    return Incoming(RankRequest(rid, user, tuple(items), ts=ts), produced_ms=10_000,
+                    received_ms=10_005)  # fmt: skip
 
 
 FAR = 2**62
@@ -209,13 +234,15 @@ async def test_canary_groups_score_with_their_own_version() -> None:
 
 def test_served_record_shape_and_values() -> None:
     rec = served_record(
-        RankRequest("r", "u", ("a",)), "v1", [Event("x", 5, "e1")], [0.25], 99, latency_ms=4.5
-    )
+        RankRequest("r", "u", ("a",)), "v1", [Event("x", 5, "e1", "cart")], [0.25], 99,
+        latency_ms=4.5, features=ServedFeatures(7, [3, 1], [[1, 2, 3, 4, 5]]),
+    )  # fmt: skip
     assert rec == {
         "request_id": "r",
         "user_id": "u",
         "model_version": "v1",
-        "sequence": {"item_ids": ["x"], "ts": [5], "event_ids": ["e1"]},
+        "sequence": {"item_ids": ["x"], "ts": [5], "event_ids": ["e1"], "actions": ["cart"]},
+        "features": {"as_of": 7, "codes": [3, 1], "counters": [[1, 2, 3, 4, 5]]},
         "items": ["a"],
         "scores": [0.25],
         "served_at": 99,
@@ -296,6 +323,21 @@ async def test_model_failure_during_half_open_probe_does_not_wedge_the_breaker(
     assert not r.degraded and r.reason is None and r.model_version == "v1"
     hist = [e.item_id for e in SEQ["u1"]][-3:]
     np.testing.assert_allclose(r.scores, expected(hist, ["a", "b"]), rtol=1e-5)
+
+
+async def test_the_history_is_cut_at_the_request_time_else_at_the_record_time() -> None:
+    service, _ = make(ONE, Features(SEQ, {}), log_served=True)
+    out = await service.rank(
+        [incoming("r1", "u1", ["a", "b"], ts=3), incoming("r2", "u1", ["a", "b"])],
+        deadlines=[FAR, FAR],
+    )
+    # ts=3: events at 0, 1, 2 are known, 3 and 4 are not; without ts, the record's time
+    np.testing.assert_allclose(out[0].result.scores, expected(["h0", "h1", "h2"], ["a", "b"]),
+                               rtol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(out[1].result.scores, expected(["h2", "h3", "h4"], ["a", "b"]),
+                               rtol=1e-5)  # fmt: skip
+    assert out[0].served is not None and out[0].served["features"] == {"as_of": 3}
+    assert out[0].served["sequence"]["event_ids"] == ["e0", "e1", "e2"]
 
 
 class HangingFeatures(Features):

@@ -213,8 +213,9 @@ def test_too_few_unrated_items_is_a_clear_error(tmp_path: Path) -> None:
         build_samples(ds, history_len=3, n_negatives=4, seed=5)
 
 
-def test_profiles_bucket_ages_and_code_unknowns_as_zero(tmp_path: Path) -> None:
-    from scoring.training.data import age_bucket, build_profiles
+def test_attributes_bucket_ages_and_code_unknowns_as_zero(tmp_path: Path) -> None:
+    from scoring.model.features import FeatureSpec, age_bucket, attribute_codes
+    from scoring.training.data import attribute_vocab
 
     assert [age_bucket(a) for a in ("7", "17", "18", "24", "25", "49", "50", "56", "73", "x")] == [
         "<18", "<18", "18-24", "18-24", "25-34", "45-49", "50-55", "56+", "56+", "unknown",
@@ -222,13 +223,14 @@ def test_profiles_bucket_ages_and_code_unknowns_as_zero(tmp_path: Path) -> None:
     # ages that parse as floats but are no age (a corrupt .user file) are unknown, not a crash
     assert [age_bucket(a) for a in ("inf", "-inf", "nan", "")] == ["unknown"] * 4
     ds = load_movielens(write_grouplens(tmp_path / "ml"))
-    profiles = build_profiles(ds)
-    assert profiles.features == ("age", "gender", "occupation")
-    assert profiles.vocab["gender"] == ["unknown", "F", "M"]
-    assert profiles.vocab["occupation"] == ["unknown", "other", "technician"]
-    codes = profiles.lookup(np.asarray(["1", "2", "3"]))
-    age = profiles.vocab["age"]
-    assert codes[0].tolist() == [age.index("18-24"), 2, 2]  # 24, M, technician
-    assert codes[1].tolist() == [age.index("50-55"), 1, 1]  # 53, F, other
-    assert codes[2].tolist() == [0, 0, 0]  # user 3 has no profile
-    assert profiles.encode({"age": "30", "gender": "X"}) == [age.index("25-34"), 0, 0]
+    vocab = attribute_vocab(ds)
+    assert list(vocab) == ["age", "gender", "occupation"]
+    assert vocab["gender"] == ("F", "M")
+    assert vocab["occupation"] == ("other", "technician")
+    spec = FeatureSpec(families=("sequence", "attributes"), user_attributes=vocab)
+    age = vocab["age"]
+    codes = [attribute_codes(spec, ds.users.get(u)) for u in ("1", "2", "3")]
+    assert codes[0] == [age.index("18-24") + 1, 2, 2]  # 24, M, technician
+    assert codes[1] == [age.index("50-55") + 1, 1, 1]  # 53, F, other
+    assert codes[2] == [0, 0, 0]  # user 3 has no attributes
+    assert attribute_codes(spec, {"age": "30", "gender": "X"}) == [age.index("25-34") + 1, 0, 0]
