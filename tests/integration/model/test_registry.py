@@ -220,3 +220,29 @@ def test_dense_weights_setting_reaches_the_workers_scorer(stack: StackInfo, tmp_
             )
 
     _run(stack.redis_url, check)
+
+
+def test_a_version_the_workers_cannot_serve_is_refused(stack: StackInfo, tmp_path: Path) -> None:
+    # Trained on 300 s buckets: activate and the worker's loader refuse it where the workers
+    # count in 600 s buckets, naming the input; the pointer stays where it was.
+    from scoring.model.features import FAMILIES
+    from scoring.serving.metrics import ScoringMetrics
+    from scoring.serving.wiring import real_dependencies
+    from tests.integration.support.scoring import train_tiny_artifact
+
+    art = load_artifact(train_tiny_artifact(tmp_path, seed=5, families=FAMILIES))
+    other = stack.settings(STREAMRANK_COUNTER_BUCKET_S=600)
+
+    async def check(client: Any) -> None:
+        await publish_artifact(client, art, progress=False)
+        before = await client.get(keys.active_model())
+        with pytest.raises(ArtifactError, match="input 'counters' was trained on 1h windows"):
+            await activate_version(client, art.version, features=other.features)
+        assert await client.get(keys.active_model()) == before
+        _, _, loader = real_dependencies(other, client, ScoringMetrics())
+        with pytest.raises(ArtifactError, match="STREAMRANK_COUNTER_BUCKET_S"):
+            await loader(art.version)
+        _, _, same = real_dependencies(stack.settings(), client, ScoringMetrics())
+        assert (await same(art.version)).features.counters  # where the windows match: served
+
+    _run(stack.redis_url, check)
