@@ -25,7 +25,7 @@ from streamrank import clock
 from streamrank.kafka.topics import create_topics
 from streamrank.settings import Settings
 from tests.integration.serving.test_worker import worker_settings
-from tests.integration.streams.test_store import writer_for
+from tests.integration.support.features import writer_for
 from tests.integration.support.scoring import (
     item_ids,
     publish,

@@ -18,7 +18,6 @@ import pytest
 
 from schemas import ClickEvent
 from streamrank import keys
-from streamrank.redis.client import slot_grouping
 from streamrank.settings import Settings
 from streams.attributes import write_attributes
 from streams.reader import (
@@ -36,26 +35,15 @@ from streams.windows import (
     closed_range,
     windows_from_settings,
 )
-from streams.writer import BatchWriter, assemble
 from tests.integration.support.embeddings import RoundTrips, commandstats
-from tests.integration.support.features import counted_at
+from tests.integration.support.features import counted_at, writer_for
 
 HOUR, MINUTE = 3600 * 1000, 60 * 1000
 
 
 async def write(settings: Settings, redis: Any, events: list[ClickEvent], now_ms: int) -> int:
     """Apply ``events`` as the features worker does (one call per slot group)."""
-    batch = assemble(
-        events,
-        now_ms=now_ms,
-        windows=windows_from_settings(settings.features),
-        lateness_s=settings.features.counter_lateness_s,
-        sequence_length=settings.features.sequence_length,
-        sequence_ttl_s=settings.features.sequence_ttl_s,
-        dedupe_ttl_s=settings.features.dedupe_ttl_s,
-        slot_of=slot_grouping(redis),
-    )
-    return await BatchWriter(redis=redis).apply(batch)
+    return int(await writer_for(settings, redis)(events, now_ms))
 
 
 def counted(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -13,45 +12,15 @@ import pytest
 from schemas import ClickEvent
 from streamrank import keys
 from streamrank.redis.client import on_each_server, slot_grouping, slot_of_tag
-from streamrank.settings import Settings
 from streams.reader import FeatureReader, SequenceEvent
 from streams.windows import windows_from_settings
-from streams.writer import BatchCalls, BatchWriter, SlotOf, assemble
+from streams.writer import BatchCalls, BatchWriter
 from tests.integration.support.embeddings import RoundTrips, commandstats
-from tests.integration.support.features import counted_at
+from tests.integration.support.features import batch_for, counted_at, writer_for
 
 # The batch script runs once per hash-slot group and reads are one pipeline per node: the
 # cluster pass of `make test` runs this module too.
 pytestmark = pytest.mark.cluster
-
-
-def batch_for(
-    settings: Settings, events: list[ClickEvent], now_ms: int, slot_of: SlotOf | None
-) -> BatchCalls:
-    return assemble(
-        events,
-        now_ms=now_ms,
-        windows=windows_from_settings(settings.features),
-        lateness_s=settings.features.counter_lateness_s,
-        sequence_length=settings.features.sequence_length,
-        sequence_ttl_s=settings.features.sequence_ttl_s,
-        dedupe_ttl_s=settings.features.dedupe_ttl_s,
-        slot_of=slot_of,
-    )
-
-
-def writer_for(
-    settings: Settings, redis: Any, *, slot_of: SlotOf | str | None = "auto"
-) -> Callable[..., Any]:
-    """``write(events, now_ms)`` as the features worker does it (one call per slot group on a
-    cluster, one call on a single server); ``slot_of`` forces a grouping."""
-    writer = BatchWriter(redis=redis)
-    grouping = slot_grouping(redis) if slot_of == "auto" else slot_of
-
-    async def write(events: list[ClickEvent], now_ms: int) -> int:
-        return await writer.apply(batch_for(settings, events, now_ms, grouping))  # type: ignore[arg-type]
-
-    return write
 
 
 async def test_sequence_order_out_of_order_arrivals_and_redelivery(

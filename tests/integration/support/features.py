@@ -13,12 +13,13 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from schemas import DeadLetter, decode_dead_letter
+from schemas import ClickEvent, DeadLetter, decode_dead_letter
 from streamrank import keys
-from streamrank.redis.client import redis_client
+from streamrank.redis.client import redis_client, slot_grouping
 from streamrank.redis.pipeline import NodePipeline
 from streamrank.settings import Settings
 from streams.windows import counted_from_ms, windows_from_settings
+from streams.writer import BatchCalls, BatchWriter, SlotOf, assemble
 
 
 def click(event_id: str, user: str, item: str, ts: int, category: str | None = "drama") -> bytes:
@@ -140,3 +141,32 @@ async def committed_offsets(settings: Settings) -> dict[int, int]:
         return {p: o for p, o in offsets.items() if o is not None}
     finally:
         await consumer.stop()
+
+
+def batch_for(
+    settings: Settings, events: list[ClickEvent], now_ms: int, slot_of: SlotOf | None
+) -> BatchCalls:
+    return assemble(
+        events,
+        now_ms=now_ms,
+        windows=windows_from_settings(settings.features),
+        lateness_s=settings.features.counter_lateness_s,
+        sequence_length=settings.features.sequence_length,
+        sequence_ttl_s=settings.features.sequence_ttl_s,
+        dedupe_ttl_s=settings.features.dedupe_ttl_s,
+        slot_of=slot_of,
+    )
+
+
+def writer_for(
+    settings: Settings, redis: Any, *, slot_of: SlotOf | str | None = "auto"
+) -> Callable[..., Any]:
+    """``write(events, now_ms)`` as the features worker does it (one call per slot group on a
+    cluster, one call on a single server); ``slot_of`` forces a grouping."""
+    writer = BatchWriter(redis=redis)
+    grouping = slot_grouping(redis) if slot_of == "auto" else slot_of
+
+    async def write(events: list[ClickEvent], now_ms: int) -> int:
+        return await writer.apply(batch_for(settings, events, now_ms, grouping))  # type: ignore[arg-type]
+
+    return write
