@@ -103,7 +103,8 @@ def expected(
 async def test_read_batch_equals_a_brute_force_count_in_one_round_trip(
     make_settings, redis, unique
 ) -> None:  # type: ignore[no-untyped-def]
-    settings = make_settings(STREAMRANK_SEQUENCE_LENGTH=1000)
+    # no item cache: every candidate is read, so every item call can be counted
+    settings = make_settings(STREAMRANK_SEQUENCE_LENGTH=1000, STREAMRANK_FEATURES_ITEM_CACHE_S=0)
     reader = FeatureReader(redis=redis, features=settings.features)
     rng = random.Random(21)
     now = int(time.time() * 1000)
