@@ -198,7 +198,8 @@ class RankService:
                 reads = await self._features.read_batch(
                     queries,
                     counters=counters,
-                    attributes=counters or any(s.categorical for s in specs),
+                    # item categories feed the category counter; user attributes their family
+                    attributes=counters or any(s.has("attributes") for s in specs),
                 )
         except REDIS_FAILURES as exc:
             return await self._redis_failed(batch, exc, start, until_ms, routed)
