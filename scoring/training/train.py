@@ -50,6 +50,7 @@ class TrainConfig:
     select: Literal["best", "features", "sequence"] = "best"  # which DIN becomes the version
     patience: int | None = None  # stop after this many epochs without a better validation GAUC
     time_split: bool = True  # also fit and report the time-split protocol
+    sequence_baseline: bool = True  # also fit DIN on the sequence alone (the features' baseline)
     spec: ModelSpec = field(default_factory=ModelSpec)
 
     def to_json(self) -> dict[str, Any]:
@@ -66,6 +67,7 @@ class TrainConfig:
             "select": self.select,
             "patience": self.patience,
             "time_split": self.time_split,
+            "sequence_baseline": self.sequence_baseline,
         }
 
     @property
@@ -296,7 +298,7 @@ def train_and_evaluate(ds: Dataset, cfg: TrainConfig, *, progress: bool = True) 
 def variants(cfg: TrainConfig) -> dict[str, tuple[str, tuple[str, ...]]]:
     """The models fitted: name -> (kind, feature families)."""
     out = {"base": ("base", cfg.families), "din": ("din", cfg.families)}
-    if cfg.families != ("sequence",):
+    if cfg.families != ("sequence",) and cfg.sequence_baseline:
         out["din_sequence"] = ("din", ("sequence",))
     return out
 
