@@ -21,6 +21,7 @@ one round trip, the script loaded again on ``NOSCRIPT``.
 from __future__ import annotations
 
 import logging
+import time
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -201,8 +202,6 @@ class ItemCache:
     closed) shows from the next read on. ``ttl_s`` 0 turns the cache off."""
 
     def __init__(self, ttl_s: float, *, max_entries: int = 200_000, clock: Any = None) -> None:
-        import time
-
         self.ttl_s = ttl_s
         self._max = max_entries
         self._clock = clock or time.monotonic

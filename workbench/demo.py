@@ -148,7 +148,9 @@ def prepare_model(settings: Settings, *, synthetic: bool, progress: bool = True)
 
 def dataset_clicks(ds: Any, *, run: str, now_ms: Any = None) -> Iterator[ClickEvent]:
     """The dataset's events in time order, forever (each pass gets new event ids), ts = now."""
-    rows = np.lexsort((np.arange(ds.n_events), ds.ts))  # (ts, row) order
+    from scoring.training.data import time_order
+
+    rows = time_order(ds)
     tick = now_ms or clock.now_ms
     for lap in range(1_000_000):
         for r in rows.tolist():
@@ -167,7 +169,9 @@ def pick_user_and_items(
 ) -> tuple[str, list[str], set[str]]:
     """A user active in the first ``horizon`` events, and candidates: items that user clicks later in the
     stream plus random others (so a good model visibly ranks the later clicks high)."""
-    rows = np.lexsort((np.arange(ds.n_events), ds.ts))
+    from scoring.training.data import time_order
+
+    rows = time_order(ds)
     early = ds.user_ids[rows[:horizon]]
     names, first, inverse, counts = np.unique(
         early, return_index=True, return_inverse=True, return_counts=True

@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 from tqdm import tqdm
 
+from scoring.model.din import features_of
 from scoring.training.export import EVENTS_FILE
 from streamrank.redis.client import redis_client
 from streamrank.settings import Settings
@@ -171,7 +172,7 @@ async def run_replay(
             redis, artifact, encoding=encoding, activate=activate, run=run, progress=progress
         )
         log = None
-        if artifact.scorer().features.counters:
+        if features_of(artifact.config, artifact.spec).counters:
             log = load_log(artifact.path / EVENTS_FILE, cases, run=run, max_history=max_history)
         rs = run_settings(settings, run=run, version=version, max_history=max_history, log=log)
         await create_topics(rs)

@@ -26,7 +26,7 @@ from scoring.embeddings.publish import TablePublisher
 from scoring.embeddings.validate import check_name
 from streamrank import keys
 from streamrank.errors import ConfigError, EmbeddingError, UnknownVersion
-from streamrank.redis.client import client_for_url, redis_client
+from streamrank.redis.client import client_for_url, redis_client, unlink_matching
 from streamrank.redis.errors import redis_call
 from streamrank.settings import Settings
 
@@ -203,13 +203,4 @@ class EmbeddingStore:
         return known, deleted
 
     async def _delete_matching(self, pattern: str, *, batch: int = 1000) -> int:
-        deleted = 0
-        chunk: list[bytes] = []
-        async for key in self.redis.scan_iter(match=pattern, count=batch):
-            chunk.append(key)
-            if len(chunk) >= batch:
-                deleted += await self.redis.unlink(*chunk)
-                chunk = []
-        if chunk:
-            deleted += await self.redis.unlink(*chunk)
-        return deleted
+        return int(await unlink_matching(self.redis, pattern, batch=batch))

@@ -227,6 +227,11 @@ class Split:
     train_item_counts: IntArray  # [n_items] positives per item in the train split (popularity)
 
 
+def time_order(ds: Dataset) -> IntArray:
+    """Event rows sorted by (ts, event_id) over all users: the log as it happened."""
+    return np.lexsort((np.arange(ds.n_events), ds.ts))  # last key is primary
+
+
 def chronological_order(ds: Dataset) -> IntArray:
     """Event rows sorted by (user, ts, event_id); event_id order = row order."""
     rows = np.arange(ds.n_events)

@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from scoring.training.data import Dataset, chronological_order
+from scoring.training.data import Dataset, time_order
 from scoring.training.train import TrainConfig, TrainResult
 
 # The whole log as clicks, in (ts, event_id) order: what a replay of a version with counters
@@ -120,8 +120,7 @@ def export_artifact(
 
 def write_events(path: Path, ds: Dataset) -> int:
     """Every event of the log as ``[event_id, user_id, item_id, category, ts_ms]`` lines."""
-    rows = chronological_order(ds)
-    rows = rows[np.lexsort((rows, ds.ts[rows]))]  # (ts, event_id) order over all users
+    rows = time_order(ds)
     with open(path, "wb") as fh:
         for r in rows.tolist():
             item = int(ds.item_index[r])

@@ -166,3 +166,18 @@ async def on_each_server(client: Any, *args: Any, replicas: bool = False) -> lis
 async def used_memory(client: Any) -> int:
     """Bytes of memory in use (``INFO memory`` used_memory), summed over a cluster's masters."""
     return sum(int(info["used_memory"]) for info in await on_each_server(client, "INFO", "memory"))
+
+
+async def unlink_matching(client: Any, pattern: str, *, batch: int = 1000) -> int:
+    """UNLINK every key matching ``pattern`` (SCAN in ``batch``-sized steps; every master of a
+    cluster); returns how many were deleted."""
+    deleted = 0
+    chunk: list[Any] = []
+    async for key in client.scan_iter(match=pattern, count=batch):
+        chunk.append(key)
+        if len(chunk) >= batch:
+            deleted += await client.unlink(*chunk)
+            chunk = []
+    if chunk:
+        deleted += await client.unlink(*chunk)
+    return deleted

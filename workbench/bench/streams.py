@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from schemas import Limits, decode_click
 from streamrank import clock, keys
-from streamrank.redis.client import redis_client, used_memory
+from streamrank.redis.client import redis_client, unlink_matching, used_memory
 from streamrank.settings import Settings
 from workbench.bench import compare
 from workbench.bench.cpu import (
@@ -332,9 +332,7 @@ async def _cleanup(settings: Settings, run: str) -> int:
             keys.user_keys_pattern(f"{run}-*"),
             keys.item_keys_pattern(f"seen:{run}-"),
         ):
-            batch = [k async for k in client.scan_iter(match=pattern, count=5000)]
-            for i in range(0, len(batch), 5000):
-                deleted += await client.unlink(*batch[i : i + 5000])
+            deleted += await unlink_matching(client, pattern, batch=5000)
         async for key in client.scan_iter(match=keys.item_keys_pattern("cnt")):
             fields = [f async for f, _ in client.hscan_iter(key, match=f"{run}-*")]
             if fields:

@@ -21,6 +21,7 @@ import orjson
 
 from schemas import ClickEvent
 from streamrank import clock, keys
+from streamrank.redis.client import unlink_matching
 from streamrank.redis.pipeline import NodePipeline
 from streamrank.settings import FeatureSettings
 from streams.windows import bucket_start, windows_from_settings
@@ -91,8 +92,7 @@ async def delete_keys(redis: Any, names: Sequence[str], *, chunk: int = 2000) ->
 
 async def delete_user_keys(redis: Any, run: str) -> int:
     """Every key of the run's (prefixed) users."""
-    names = [k async for k in redis.scan_iter(match=keys.user_keys_pattern(f"{run}-*"), count=1000)]
-    return await delete_keys(redis, [n.decode() if isinstance(n, bytes) else n for n in names])
+    return int(await unlink_matching(redis, keys.user_keys_pattern(f"{run}-*")))
 
 
 async def load_attributes(redis: Any, cases: Sequence[Case], *, run: str) -> None:
