@@ -417,16 +417,25 @@ async def read_batch(
     return plan.results(queries, replies)
 
 
-async def _sequences_only(redis: Any, queries: Sequence[FeatureQuery]) -> list[RequestFeatures]:
-    """One ZRANGE per distinct user: what ``get_sequences`` costs."""
-    users = list(dict.fromkeys(q.user_id for q in queries))
+async def read_sequences(redis: Any, user_ids: Sequence[str]) -> dict[str, list[SequenceEvent]]:
+    """Each user's whole stored sequence, oldest first: one ZRANGE per distinct user, one
+    round trip. Without redis-py's ``withscores`` option, whose callback would rebuild every
+    pair (docs/benchmarks.md)."""
+    users = list(dict.fromkeys(user_ids))
+    if not users:
+        return {}
     pipe = NodePipeline(redis)
     for user in users:
         key = keys.sequence(user)
         pipe.add(key, "ZRANGE", key, 0, -1, "WITHSCORES")
     with redis_call("the feature read", "retry later or serve without features"):
         replies = await pipe.execute()
-    sequences = {user: parse_sequence(r) for user, r in zip(users, replies, strict=True)}
+    return {user: parse_sequence(r) for user, r in zip(users, replies, strict=True)}
+
+
+async def _sequences_only(redis: Any, queries: Sequence[FeatureQuery]) -> list[RequestFeatures]:
+    """The sequences alone: what ``get_sequences`` costs."""
+    sequences = await read_sequences(redis, [q.user_id for q in queries])
     return [
         RequestFeatures(
             UserFeatures(sequence_before(sequences[q.user_id], q.as_of_ms), 0, 0, {}, {}),

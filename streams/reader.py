@@ -42,6 +42,7 @@ from streams.batch_read import (
     RequestFeatures,
     UserFeatures,
     read_batch,
+    read_sequences,
 )
 from streams.sequence import SequenceEvent, parse_member, parse_sequence
 from streams.windows import Window, closed_buckets, windows_from_settings
@@ -96,17 +97,7 @@ class FeatureReader:
 
     async def get_sequences(self, user_ids: Iterable[str]) -> dict[str, list[SequenceEvent]]:
         """Each user's sequence, oldest first (one round trip for all users)."""
-        users = list(dict.fromkeys(user_ids))
-        if not users:
-            return {}
-        pipe = NodePipeline(self._redis)
-        for user in users:
-            key = keys.sequence(user)
-            # no withscores option: redis-py's callback would rebuild every pair
-            # (docs/benchmarks.md)
-            pipe.add(key, "ZRANGE", key, 0, -1, "WITHSCORES")
-        replies = await self._run(pipe)
-        return {user: parse_sequence(reply) for user, reply in zip(users, replies, strict=True)}
+        return await read_sequences(self._redis, list(user_ids))
 
     async def get_counters(
         self,
