@@ -107,6 +107,14 @@ class ScoringMetrics(GroupMetrics):
             "no_model meanwhile).",
             registry=r,
         )
+        self.retrieval_unavailable = Counter(
+            "streamrank_scoring_retrieval_unavailable",
+            "Model versions loaded without a retriever, by reason (absent: trained without one; "
+            "load_failed: a chunk missing or corrupt, or files that disagree); their requests "
+            "without items get the hot-item pool.",
+            ["reason"],
+            registry=r,
+        )
         self._versions: set[str] = set()
         self._encodings: dict[str, str] = {}
         # labelled children looked up once: labels() per reply and stage shows in the profile

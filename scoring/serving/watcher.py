@@ -1,10 +1,15 @@
 """Which model versions serve, and switching between them without a restart.
 
 The watcher polls ``sr:model:active`` and ``sr:model:split`` (one MGET) about once a second.
-When the target changes it loads the scorers of versions it does not hold yet from Redis,
-warms the embedding cache for them with the ids recently served, and only then swaps the one
-:class:`Serving` reference the worker reads at the start of each batch: a batch is scored
+When the target changes it loads the scorers (and retrievers) of versions it does not hold yet
+from Redis, warms the embedding cache for them with the ids recently served, and only then swaps
+the one :class:`Serving` reference the worker reads at the start of each batch: a batch is scored
 entirely by the state it started with, and no request waits for a load.
+
+A version without a usable retriever (trained without one, or its index fails to load) still
+serves: it is left out of :attr:`Serving.retrievers`, logged and counted
+(``streamrank_scoring_retrieval_unavailable``), and its retrieval requests fall back to the
+hot-item pool.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ import inspect
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 
@@ -23,21 +29,28 @@ from scoring.model.versions import read_pointers
 from scoring.serving.metrics import ScoringMetrics
 from scoring.serving.protocols import EmbeddingSource, Scorer
 from streamrank import keys
-from streamrank.errors import StreamrankError
+from streamrank.errors import ArtifactError, StreamrankError, UnknownVersion
 from streamrank.runtime import tasks
+
+if TYPE_CHECKING:
+    from scoring.model.retrieval import Retriever
 
 logger = logging.getLogger(__name__)
 
 Loader = Callable[[str], Awaitable[Scorer] | Scorer]
+# A version's retriever, or None when it has none; ArtifactError/UnknownVersion when it fails.
+RetrievalLoader = Callable[[str], Awaitable["Retriever | None"]]
 
 
 @dataclass(frozen=True, slots=True)
 class Serving:
-    """An immutable serving state: the split and a scorer for each version in it."""
+    """An immutable serving state: the split, a scorer for each version in it, and a retriever
+    for each version that has a usable one."""
 
     split: Split
     scorers: Mapping[str, Scorer]
     source: str  # "setting", "split" or "pointer": where the split came from
+    retrievers: Mapping[str, Retriever] = field(default_factory=dict)
 
     def assign(self, user_ids: Sequence[str]) -> list[str]:
         return assign(user_ids, self.split)
@@ -97,9 +110,11 @@ class VersionWatcher:
         recent: RecentIds | None = None,
         warm_top_k: int = 10_000,
         poll_s: float = 1.0,
+        retrieval_loader: RetrievalLoader | None = None,
     ) -> None:
         self._redis = redis
         self._loader = loader
+        self._retrieval_loader = retrieval_loader
         self._embeddings = embeddings
         self._metrics = metrics
         self._static = static_split
@@ -119,6 +134,32 @@ class VersionWatcher:
             scorer = await scorer
         return scorer
 
+    async def _load_retriever(self, version: str) -> Retriever | None:
+        """The version's retriever, or None (logged and counted) when it has no usable one.
+        Redis errors propagate: the switch is tried again at the next poll."""
+        if self._retrieval_loader is None:
+            return None
+        try:
+            retriever = await self._retrieval_loader(version)
+        except (ArtifactError, UnknownVersion) as exc:
+            logger.error(
+                "model version %s serves without retrieval (requests without items get the "
+                "hot-item pool): %s",
+                version,
+                exc,
+            )
+            self._metrics.retrieval_unavailable.labels("load_failed").inc()
+            return None
+        if retriever is None:
+            logger.error(
+                "model version %s has no retrieval model, so requests without items get the "
+                "hot-item pool; train a version with one (`streamrank train` without "
+                "--no-retrieval), publish and activate it",
+                version,
+            )
+            self._metrics.retrieval_unavailable.labels("absent").inc()
+        return retriever
+
     async def refresh(self) -> bool:
         """One poll; returns True when the serving state changed. Raises on Redis errors."""
         pointer, split_text = (None, None) if self._static else await self._read_pointers()
@@ -129,10 +170,20 @@ class VersionWatcher:
         if self.current is not None and self.current.split == split:
             return False
         held = self.current.scorers if self.current is not None else {}
+        held_retrievers = self.current.retrievers if self.current is not None else {}
         scorers: dict[str, Scorer] = {}
+        retrievers: dict[str, Retriever] = {}
         try:
             for version, _ in split:
-                scorers[version] = held[version] if version in held else await self._load(version)
+                if version in held:
+                    scorers[version] = held[version]
+                    if version in held_retrievers:
+                        retrievers[version] = held_retrievers[version]
+                    continue
+                scorers[version] = await self._load(version)
+                retriever = await self._load_retriever(version)
+                if retriever is not None:
+                    retrievers[version] = retriever
             warm_ids = self.recent.newest()[: self._warm_top_k]
             for version in scorers:
                 if version not in held and warm_ids:
@@ -145,7 +196,7 @@ class VersionWatcher:
                 self._failed[split] = str(exc)
             return False
         previous = self.describe()
-        self.current = Serving(split=split, scorers=scorers, source=source)
+        self.current = Serving(split=split, scorers=scorers, source=source, retrievers=retrievers)
         self._failed.pop(split, None)
         self._metrics.set_split(split)
         self._metrics.version_switches.inc()

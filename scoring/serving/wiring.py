@@ -16,7 +16,7 @@ from scoring.serving.margin import DeadlineMargin
 from scoring.serving.metrics import ScoringMetrics
 from scoring.serving.protocols import EmbeddingSource, FeatureSource
 from scoring.serving.service import RankService
-from scoring.serving.watcher import Loader, RecentIds, VersionWatcher
+from scoring.serving.watcher import Loader, RecentIds, RetrievalLoader, VersionWatcher
 from streamrank.redis.client import redis_client
 from streamrank.settings import ScoringSettings, Settings
 
@@ -30,15 +30,19 @@ class Dependencies:
     features: FeatureSource | None = None
     embeddings: EmbeddingSource | None = None
     loader: Loader | None = None
+    retrieval: RetrievalLoader | None = None  # with the real dependencies: from Redis
 
 
 def configure_torch(scoring: ScoringSettings) -> None:
-    """Torch thread pools from the settings (inter-op can only be set once per process)."""
+    """Torch and faiss thread pools from the settings (inter-op can only be set once per
+    process)."""
+    import faiss
     import torch
 
     torch.set_num_threads(scoring.torch_threads)
     with contextlib.suppress(RuntimeError):
         torch.set_num_interop_threads(scoring.torch_interop_threads)
+    faiss.omp_set_num_threads(scoring.index_threads)
 
 
 def scoring_redis(settings: Settings) -> aioredis.Redis:
@@ -74,14 +78,28 @@ def real_dependencies(
     return features, embeddings, loader
 
 
+def real_retrieval_loader(redis: aioredis.Redis) -> RetrievalLoader:
+    """Loads a published version's retriever from Redis (None: the version has none)."""
+    from scoring.model.registry import load_retriever_from_redis, published_config
+
+    async def load(version: str) -> Any:
+        return await load_retriever_from_redis(
+            redis, version, await published_config(redis, version)
+        )
+
+    return load
+
+
 def rank_service(
     settings: Settings, redis: aioredis.Redis, metrics: ScoringMetrics, injected: Dependencies
 ) -> tuple[VersionWatcher, RankService]:
     """The version watcher (not started) and the service that ranks with what it serves."""
     s = settings
     features, embeddings, loader = injected.features, injected.embeddings, injected.loader
+    retrieval = injected.retrieval
     if features is None or embeddings is None or loader is None:
         features, embeddings, loader = real_dependencies(s, redis, metrics)
+        retrieval = retrieval or real_retrieval_loader(redis)
     recent = RecentIds(s.embeddings.cache_warm_top_k)
     watcher = VersionWatcher(
         redis=redis,
@@ -92,6 +110,7 @@ def rank_service(
         recent=recent,
         warm_top_k=s.embeddings.cache_warm_top_k,
         poll_s=s.scoring.poll_s,
+        retrieval_loader=retrieval,
     )
     service = RankService(
         features=features,

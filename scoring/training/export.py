@@ -109,8 +109,13 @@ def export_artifact(
             "users": len(np.unique(ds.user_ids)),
             "items": len(ds.items),
         },
-        metrics={k: result.metrics[k] for k in ("test", "selected", "auc_by_encoding", "goals")},
+        metrics={
+            k: result.metrics[k]
+            for k in ("test", "selected", "auc_by_encoding", "goals", "full_ranking")
+            if k in result.metrics
+        },
         train=cfg.to_json(),
+        retrieval=result.retrieval.files if result.retrieval else None,
     )
     write_test_candidates(path / CANDIDATES_FILE, ds, result)
     if result.din.features.counters:
