@@ -17,6 +17,7 @@ from schemas.decode import (
 )
 from schemas.messages import (
     DEFAULT_LIMITS,
+    DEFAULT_SCENE,
     MAX_TS_MS,
     ClickEvent,
     DeadLetter,
@@ -43,6 +44,7 @@ def json_schema(name: str) -> dict[str, Any]:
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "DEFAULT_SCENE",
     "MAX_TS_MS",
     "SCHEMA_FILES",
     "ClickEvent",

@@ -19,6 +19,7 @@ from schemas.messages import (
     ACTIONS,
     DEAD_LETTER_MAX_BYTES,
     DEFAULT_LIMITS,
+    DEFAULT_SCENE,
     MAX_TS_MS,
     Action,
     ClickEvent,
@@ -172,31 +173,42 @@ def decode_click(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> ClickEven
     )
 
 
+def _id_list(obj: dict[str, Any], name: str, limits: Limits) -> tuple[str, ...] | None:
+    """An optional array of ids (None when absent or null), at most ``max_items``."""
+    values = obj.get(name)
+    if values is None:
+        return None
+    if not isinstance(values, list):
+        raise ContractError(
+            f"field '{name}' must be an array of strings, got {_json_type(values)}",
+            field=name,
+            reason="bad_type",
+        )
+    if len(values) > limits.max_items:
+        raise ContractError(
+            f"field '{name}' has {len(values)} entries, over the limit of {limits.max_items}",
+            field=name,
+            reason="too_many_items",
+        )
+    if not _all_plain_ids(values, limits):  # the per-item walk names the first bad one
+        for index, value in enumerate(values):
+            _check_id(value, f"{name}[{index}]", limits)
+    return tuple(values)
+
+
 def decode_request(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> RankRequest:
     """Parse and validate one RankRequest."""
     obj = _load_object(raw, limits)
     request_id = _id(obj, "request_id", limits)
     user_id = _id(obj, "user_id", limits)
-    if "items" not in obj:
-        raise ContractError("field 'items' is missing", field="items", reason="missing_field")
-    items = obj["items"]
-    if not isinstance(items, list):
+    items = _id_list(obj, "items", limits)
+    if items is not None and not items:
         raise ContractError(
-            f"field 'items' must be an array of strings, got {_json_type(items)}",
+            "field 'items' must not be empty (omit it, or send null, to have the engine "
+            "retrieve candidates)",
             field="items",
-            reason="bad_type",
+            reason="empty_items",
         )
-    if not items:
-        raise ContractError("field 'items' must not be empty", field="items", reason="empty_items")
-    if len(items) > limits.max_items:
-        raise ContractError(
-            f"field 'items' has {len(items)} entries, over the limit of {limits.max_items}",
-            field="items",
-            reason="too_many_items",
-        )
-    if not _all_plain_ids(items, limits):  # the per-item walk names the first bad one
-        for index, item in enumerate(items):
-            _check_id(item, f"items[{index}]", limits)
     context = obj.get("context")
     if context is not None and not isinstance(context, dict):
         raise ContractError(
@@ -207,14 +219,18 @@ def decode_request(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> RankReq
     reply_to = obj.get("reply_to")
     if reply_to is not None:
         reply_to = _check_id(reply_to, "reply_to", limits)
+    scene = obj.get("scene")
     return RankRequest(
         request_id=request_id,
         user_id=user_id,
-        items=tuple(items),
+        items=items or (),
         context=context,
         deadline_ms=_int(obj, "deadline_ms", required=False),
         reply_to=reply_to,
         ts=_int(obj, "ts", required=False, maximum=MAX_TS_MS),
+        top_k=_int(obj, "top_k", required=False, minimum=1, maximum=limits.max_items),
+        scene=DEFAULT_SCENE if scene is None else _check_id(scene, "scene", limits),
+        exclude=_id_list(obj, "exclude", limits) or (),
     )
 
 
@@ -281,6 +297,9 @@ def decode_result(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> RankResu
         raise ContractError(
             "field 'timings_ms' must be an object of numbers", field="timings_ms", reason="bad_type"
         )
+    cached = obj.get("cached", False)
+    if not isinstance(cached, bool):
+        raise ContractError("field 'cached' must be a boolean", field="cached", reason="bad_type")
     return RankResult(
         request_id=obj["request_id"],
         user_id=obj["user_id"],
@@ -291,6 +310,7 @@ def decode_result(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> RankResu
         reason=reason,
         timings_ms=timings,
         served_at=_int(obj, "served_at", required=True),
+        cached=cached,
     )
 
 

@@ -59,17 +59,33 @@ class ClickEvent:
         return orjson.dumps(self)
 
 
+DEFAULT_SCENE = "default"
+
+
 @dataclass(frozen=True, slots=True)
 class RankRequest:
-    """A request to score ``items`` for ``user_id``; topic ``rank-requests``, key = user_id."""
+    """A request to rank items for ``user_id``; topic ``rank-requests``, key = user_id.
+
+    With ``items`` the engine scores those candidates; without (an empty tuple) it retrieves
+    candidates itself through the whole cascade. ``top_k`` asks for the best ``top_k`` only,
+    sorted best first; ``scene`` selects the per-scene rules; ``exclude`` are items never to
+    return."""
 
     request_id: str
     user_id: str
-    items: tuple[str, ...]
+    items: tuple[str, ...] = ()
     context: dict[str, Any] | None = None
     deadline_ms: int | None = None  # epoch ms; None = the worker's default budget
     reply_to: str | None = None
     ts: int | None = None  # epoch ms: the request's event time; None = the Kafka record's
+    top_k: int | None = None  # None: every candidate (items) or the scene's default (retrieval)
+    scene: str = DEFAULT_SCENE
+    exclude: tuple[str, ...] = ()
+
+    @property
+    def retrieves(self) -> bool:
+        """Whether the engine must find the candidates (the request brought none)."""
+        return not self.items
 
     def to_json(self) -> bytes:
         return orjson.dumps(self)
@@ -93,6 +109,7 @@ class RankResult:
     reason: str | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
     served_at: int = 0  # epoch ms
+    cached: bool = False  # the reply came from the result cache
 
     def to_json(self) -> bytes:
         return orjson.dumps(self)

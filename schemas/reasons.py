@@ -18,9 +18,16 @@ BREAKER_OPEN = "breaker_open"
 NO_MODEL = "no_model"
 MODEL_UNAVAILABLE = "model_unavailable"
 INTERNAL_ERROR = "internal_error"  # scoring the batch raised unexpectedly
+# cascade rungs: the reply is still ranked, by a cheaper path
+RETRIEVAL_FALLBACK = "retrieval_fallback"  # candidates from the hot-item pool, not the index
+RANK_SKIPPED = "rank_skipped"  # the deep model was late or failed: the coarse order
+CACHED_FALLBACK = "cached_fallback"  # Redis down: the user's last cached result
 DEGRADED_REASONS: frozenset[str] = frozenset(
-    {EXPIRED, REDIS_UNAVAILABLE, BREAKER_OPEN, NO_MODEL, MODEL_UNAVAILABLE, INTERNAL_ERROR}
-)
+    {
+        EXPIRED, REDIS_UNAVAILABLE, BREAKER_OPEN, NO_MODEL, MODEL_UNAVAILABLE, INTERNAL_ERROR,
+        RETRIEVAL_FALLBACK, RANK_SKIPPED, CACHED_FALLBACK,
+    }
+)  # fmt: skip
 
 # error replies: the request was refused
 INVALID_REQUEST = "invalid_request"

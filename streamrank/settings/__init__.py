@@ -8,6 +8,7 @@ Environment variables win over the file. Variants are made with :meth:`Settings.
 """
 
 from streamrank.settings.base import CsvTuple, Section
+from streamrank.settings.cascade import CascadeSettings, SceneRule
 from streamrank.settings.connections import (
     Compression,
     IsolationLevel,
@@ -28,6 +29,7 @@ from streamrank.settings.stages import (
 from streamrank.settings.tools import ToolSettings
 
 __all__ = [
+    "CascadeSettings",
     "Compression",
     "CsvTuple",
     "EmbeddingSettings",
@@ -40,6 +42,7 @@ __all__ = [
     "OutcomeSettings",
     "RedisSettings",
     "SaslMechanism",
+    "SceneRule",
     "ScoringSettings",
     "Section",
     "SecurityProtocol",

@@ -15,6 +15,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from streamrank.settings.base import Section
+from streamrank.settings.cascade import CascadeSettings
 from streamrank.settings.connections import KafkaSettings, RedisSettings
 from streamrank.settings.messages import LimitSettings, TopicSettings
 from streamrank.settings.observability import ObservabilitySettings
@@ -65,6 +66,7 @@ class Settings(BaseSettings):
     features: FeatureSettings = Field(default_factory=FeatureSettings)
     embeddings: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
     scoring: ScoringSettings = Field(default_factory=ScoringSettings)
+    cascade: CascadeSettings = Field(default_factory=CascadeSettings)
     outcomes: OutcomeSettings = Field(default_factory=OutcomeSettings)
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
     tools: ToolSettings = Field(default_factory=ToolSettings)

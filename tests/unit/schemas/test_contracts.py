@@ -112,7 +112,22 @@ CORPUS: list[tuple[str, Any, bool]] = [
     ("RankRequest", with_(REQUEST, items="a,b"), False),
     ("RankRequest", with_(REQUEST, items=["a", 2]), False),
     ("RankRequest", with_(REQUEST, items=["a", LONG]), False),
-    ("RankRequest", with_(REQUEST, items=_DROP), False),
+    ("RankRequest", with_(REQUEST, items=_DROP), True),  # retrieval: the engine finds them
+    ("RankRequest", with_(REQUEST, items=None), True),
+    ("RankRequest", with_(REQUEST, items=None, top_k=10, scene="home", exclude=["a"]), True),
+    ("RankRequest", with_(REQUEST, top_k=DEFAULT_LIMITS.max_items), True),
+    ("RankRequest", with_(REQUEST, top_k=DEFAULT_LIMITS.max_items + 1), False),
+    ("RankRequest", with_(REQUEST, top_k=0), False),
+    ("RankRequest", with_(REQUEST, top_k=None, scene=None, exclude=None), True),
+    ("RankRequest", with_(REQUEST, top_k="10"), False),
+    ("RankRequest", with_(REQUEST, top_k=2.5), False),
+    ("RankRequest", with_(REQUEST, scene=""), False),
+    ("RankRequest", with_(REQUEST, scene=3), False),
+    ("RankRequest", with_(REQUEST, scene="a\x1fb"), False),
+    ("RankRequest", with_(REQUEST, exclude=[]), True),
+    ("RankRequest", with_(REQUEST, exclude="a"), False),
+    ("RankRequest", with_(REQUEST, exclude=["a", LONG]), False),
+    ("RankRequest", with_(REQUEST, exclude=["a"] * (DEFAULT_LIMITS.max_items + 1)), False),
     ("RankRequest", with_(REQUEST, request_id=_DROP), False),
     ("RankRequest", with_(REQUEST, context=[1]), False),
     ("RankRequest", with_(REQUEST, deadline_ms="soon"), False),
@@ -136,6 +151,9 @@ CORPUS: list[tuple[str, Any, bool]] = [
     ("RankResult", with_(RESULT, degraded="no"), False),
     ("RankResult", with_(RESULT, served_at=_DROP), False),
     ("RankResult", with_(RESULT, timings_ms=[]), False),
+    ("RankResult", with_(RESULT, cached=True), True),
+    ("RankResult", with_(RESULT, cached=_DROP), True),
+    ("RankResult", with_(RESULT, cached="yes"), False),
     ("DeadLetter", LETTER, True),
     ("DeadLetter", with_(LETTER, payload_encoding="base64", payload="AAE="), True),
     ("DeadLetter", with_(LETTER, payload_encoding="hex"), False),
@@ -273,3 +291,27 @@ def test_as_of_is_the_request_ts_else_the_record_timestamp() -> None:
     assert timed.as_of_ms(5_000) == 1_000
     assert untimed.as_of_ms(5_000) == 5_000
     assert RankRequest("r", "u", ("a",), ts=0).as_of_ms(5_000) == 0  # 0 is a time, not "none"
+
+
+def test_a_request_without_items_asks_for_retrieval_with_its_scene_and_top_k() -> None:
+    request = decode_request(
+        orjson.dumps(with_(REQUEST, items=_DROP, top_k=5, scene="home", exclude=["x", "y"]))
+    )
+    assert request.retrieves and request.items == ()
+    assert (request.top_k, request.scene, request.exclude) == (5, "home", ("x", "y"))
+    plain = decode_request(orjson.dumps(REQUEST))
+    assert not plain.retrieves
+    assert (plain.top_k, plain.scene, plain.exclude) == (None, "default", ())
+
+
+def test_an_empty_items_list_says_how_to_ask_for_retrieval() -> None:
+    with pytest.raises(ContractError, match="omit it, or send null") as err:
+        decode_request(orjson.dumps(with_(REQUEST, items=[])))
+    assert err.value.reason == "empty_items"
+
+
+def test_a_cached_reply_round_trips() -> None:
+    result = decode_result(orjson.dumps(with_(RESULT, cached=True)))
+    assert result.cached
+    assert decode_result(result.to_json()) == result
+    assert not decode_result(orjson.dumps(RESULT)).cached

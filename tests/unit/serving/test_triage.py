@@ -38,7 +38,9 @@ def test_a_batch_is_split_into_requests_to_rank_and_answers_now() -> None:
         record(RankRequest("r1", "u1", ("a", "b")).to_json(), 0),
         record(RankRequest("r2", "u2", ("a",), reply_to="svc-a", deadline_ms=9).to_json(), 1),
         record(RankRequest("r3", "u3", ("a",), reply_to="clicks").to_json(), 2),
-        record(orjson.dumps({"request_id": "r4", "user_id": "u4", "reply_to": "svc-a"}), 3),
+        record(
+            orjson.dumps({"request_id": "r4", "user_id": "u4", "items": [], "reply_to": "svc-a"}), 3
+        ),
         record(b"not json", 4),
     ]
     out = t.batch(records, received=2000)
@@ -49,7 +51,7 @@ def test_a_batch_is_split_into_requests_to_rank_and_answers_now() -> None:
     by_topic = [(o.topic, o.key) for o in out.outgoing]
     assert by_topic == [
         ("rank-results", b"r3"),  # reply_to not allowed: refused, on the results topic
-        ("dead-letters", b"u"),  # no items: dead-lettered ...
+        ("dead-letters", b"u"),  # empty items: dead-lettered ...
         ("svc-a", b"r4"),  # ... and answered where it asked
         ("dead-letters", b"u"),  # unreadable: dead-lettered, nobody to answer
     ]
