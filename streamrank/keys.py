@@ -102,7 +102,7 @@ model_dense           string  ``sr:{model:<version>}:dense``: the version's dens
                               Lifetime: until ``streamrank embeddings delete``.
                               Writer: ``streamrank publish`` (scoring.model.registry). Reader:
                               scoring workers loading the version.
-model_retrieval_chunk string  ``sr:{model:<version>}:retrieval:<n>``: chunk ``n`` (0-based, a few
+retrieval_chunk       string  ``sr:{model:<version>}:retrieval:<n>``: chunk ``n`` (0-based, a few
                               MB each) of the version's retrieval model (safetensors bytes: the
                               item ids in row order, the two-tower item vectors, their primary
                               categories and the user tower); the chunk count is in the config
@@ -112,7 +112,7 @@ model_retrieval_chunk string  ``sr:{model:<version>}:retrieval:<n>``: chunk ``n`
                               Lifetime: until ``streamrank embeddings delete``.
                               Writer: ``streamrank publish`` (scoring.model.registry). Readers:
                               scoring workers loading the version (scoring.model.registry).
-model_index_chunk     string  ``sr:{model:<version>}:index:<n>``: chunk ``n`` of the version's ANN
+index_chunk           string  ``sr:{model:<version>}:index:<n>``: chunk ``n`` of the version's ANN
                               index (faiss bytes), as the retrieval chunks (count in
                               ``retrieval.chunks.index``, sha256 in ``files.index``).
                               Lifetime: until ``streamrank embeddings delete``.
@@ -363,12 +363,12 @@ def model_dense(version: str) -> str:
     return f"{PREFIX}:{{model:{version}}}:dense"
 
 
-def model_retrieval_chunk(version: str, chunk: int) -> str:
+def retrieval_chunk(version: str, chunk: int) -> str:
     """One chunk of the retrieval model of one published model version (its slot)."""
     return f"{PREFIX}:{{model:{version}}}:retrieval:{chunk}"
 
 
-def model_index_chunk(version: str, chunk: int) -> str:
+def index_chunk(version: str, chunk: int) -> str:
     """One chunk of the ANN index of one published model version (in the version's slot)."""
     return f"{PREFIX}:{{model:{version}}}:index:{chunk}"
 

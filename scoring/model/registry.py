@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 CHUNK_BYTES = 4 * 1024 * 1024  # one Redis value per few MB: no value of hundreds of MB
 CHUNKS_PER_CALL = 8  # chunks per pipeline or MGET
-CHUNKED = {"retrieval": keys.model_retrieval_chunk, "index": keys.model_index_chunk}
+CHUNKED = {"retrieval": keys.retrieval_chunk, "index": keys.index_chunk}
 
 
 async def publish_artifact(

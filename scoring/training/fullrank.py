@@ -21,6 +21,7 @@ from tqdm import tqdm
 from scoring.model.din import DIN, DinScorer
 from scoring.model.features import FeatureSpec
 from scoring.model.retrieval import RetrievalFiles, Retriever
+from scoring.training.cascade_eval import CascadeConfig, CascadeResult, run_cascade
 from scoring.training.data import Dataset, Samples, Split
 from scoring.training.pointintime import LogIndex, side_values
 from scoring.training.twotower import RetrievalConfig, train_retriever
@@ -158,28 +159,42 @@ def full_ranking(
     *,
     retriever: Retriever,
     din: DinModel,
+    cascade: CascadeConfig,
     progress: bool = False,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], CascadeResult]:
     """HR@10, NDCG@10 and recall@200 over all items for retrieval (ANN), the towers' exact dot
-    product, DIN brute force and popularity, with each method's seconds."""
+    product, DIN brute force, popularity and the whole cascade, with each method's seconds."""
     n_items = len(ds.items)
     positive = test.cand[:, 0]
     seen = seen_mask(test, n_items)  # [U, N]
-    users, user_s = _timed(lambda: retriever.user_vectors(histories(ds, test)))
+    history = histories(ds, test)
+    users, user_s = _timed(lambda: retriever.user_vectors(history))
     masked = lambda s: np.where(seen, np.float32(-np.inf), s)  # noqa: E731
     ann, ann_s = _timed(lambda: retrieval_lists(retriever, users, seen))
     dot, dot_s = _timed(lambda: top_rows(masked(users @ retriever.vectors.T), RECALL_AT))
     pop = np.broadcast_to(item_counts.astype(np.float32), (len(test), n_items))
     popular, pop_s = _timed(lambda: top_rows(masked(pop), RECALL_AT))
     brute, din_s = _timed(lambda: din_all_items(ds, test, din, seen, progress=progress))
-    return {
+    scored = lambda rows, valid, part: din_scores(ds, sample_rows(test, part), din, rows, valid)  # noqa: E731
+    whole, cascade_s = _timed(
+        lambda: run_cascade(
+            ds, test, retriever, users, history, scored, cascade, width=RECALL_AT, progress=progress
+        )
+    )
+    report = {
         "users": len(test),
         "items": n_items,
         "retrieval": {**ranking_metrics(ann, positive), "seconds": round(user_s + ann_s, 2)},
         "dot": {**ranking_metrics(dot, positive), "seconds": round(user_s + dot_s, 2)},
         "din": {**ranking_metrics(brute, positive), "seconds": din_s},
         "popularity": {**ranking_metrics(popular, positive), "seconds": pop_s},
+        "cascade": {
+            **ranking_metrics(whole.order, positive),
+            "seconds": round(user_s + cascade_s, 2),
+            **cascade.to_json(),
+        },
     }
+    return report, whole
 
 
 @dataclass
@@ -189,6 +204,7 @@ class RetrievalRun:
     retriever: Retriever
     files: RetrievalFiles
     report: dict[str, Any]
+    cascade: CascadeResult  # the offline cascade's reply per test user
 
 
 def run_protocol(
@@ -199,7 +215,6 @@ def run_protocol(
     retriever, files, trained = train_retriever(
         ds, split.train, split.train_item_counts, cfg, seed=seed, progress=progress
     )
-    figures = full_ranking(
-        ds, split.test, split.train_item_counts, retriever=retriever, din=din, progress=progress
-    )
-    return RetrievalRun(retriever, files, {**figures, "retrieval_model": trained})
+    figures, cascade = full_ranking(ds, split.test, split.train_item_counts, retriever=retriever,
+                                    din=din, cascade=cfg.cascade, progress=progress)  # fmt: skip
+    return RetrievalRun(retriever, files, {**figures, "retrieval_model": trained}, cascade)

@@ -29,6 +29,7 @@ from scoring.model.retrieval import (
     TwoTower,
     retrieval_files,
 )
+from scoring.training.cascade_eval import CascadeConfig
 from scoring.training.data import Dataset, Samples
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ class RetrievalConfig:
     temperature: float = 0.1
     logq: bool = True
     index: IndexOptions = field(default_factory=IndexOptions)
+    cascade: CascadeConfig = field(default_factory=CascadeConfig)  # the offline cascade
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -55,6 +57,7 @@ class RetrievalConfig:
             "temperature": self.temperature,
             "logq": self.logq,
             "index": self.index.to_json(),
+            "cascade": self.cascade.to_json(),
         }
 
 

@@ -44,6 +44,7 @@ def _train(args: argparse.Namespace, settings: Settings) -> int:
                 dim=args.retrieval_dim, history_len=settings.features.sequence_length
             ),
             index=IndexOptions(kind=args.index),
+            cascade=cascade_config(settings),
         ),
     )
     result = train_and_evaluate(ds, cfg, progress=not args.no_progress)
@@ -107,6 +108,21 @@ def _print_full_ranking(full: dict[str, Any]) -> None:
             if isinstance(vals, dict) and "hr@10" in vals:
                 print(f"  {method:<12}hr@10 {vals['hr@10']:.4f}  ndcg@10 {vals['ndcg@10']:.4f}  "
                       f"recall@200 {vals['recall@200']:.4f}  ({vals['seconds']} s)")  # fmt: skip
+
+
+def cascade_config(settings: Settings) -> Any:
+    """The offline cascade with the serving widths and the default scene's rule."""
+    from scoring.model.cascade import Widths
+    from scoring.training.cascade_eval import CascadeConfig
+
+    c = settings.cascade
+    rule = c.rule("default")
+    return CascadeConfig(
+        widths=Widths(retrieve=c.retrieve, coarse=c.coarse, rerank=c.rerank_window),
+        top_k=rule.top_k or c.top_k,
+        filter_seen=rule.filter_seen,
+        category_cap=rule.category_cap,
+    )
 
 
 async def _redis(settings: Settings) -> Any:

@@ -44,7 +44,7 @@ def _run(url: str, fn: Any) -> Any:
 def test_publish_then_load_the_retriever(
     stack: StackInfo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(registry, "CHUNK_BYTES", 4096)  # several chunks even for a tiny index
+    monkeypatch.setattr(registry, "CHUNK_BYTES", 1024)  # several chunks even for a tiny index
     art = load_artifact(make_artifact(tmp_path, rows=60))
     assert art.retrieval is not None
     offline = art.retriever()
@@ -53,7 +53,7 @@ def test_publish_then_load_the_retriever(
     async def check(client: Any) -> None:
         report = await publish_artifact(client, art, progress=False)
         chunks = report["retrieval"]["chunks"]
-        assert chunks["index"] == -(-len(art.retrieval.index) // 4096) > 1  # type: ignore[union-attr]
+        assert chunks["index"] == -(-len(art.retrieval.index) // 1024) > 1  # type: ignore[union-attr]
         config = json.loads(await client.get(keys.model_config(version)))
         assert config["retrieval"]["chunks"] == chunks
         online = await load_retriever_from_redis(client, version, config)
@@ -72,10 +72,10 @@ def test_publish_then_load_the_retriever(
         assert watcher.current is not None and set(watcher.current.retrievers) == {version}
 
         # a corrupt chunk, then a missing one: served without a retriever, counted
-        await client.set(keys.model_index_chunk(version, 1), b"x" * 4096)
+        await client.set(keys.index_chunk(version, 1), b"x" * 1024)
         with pytest.raises(ArtifactError, match=r"index chunks .* are corrupt"):
             await load_retriever_from_redis(client, version, config)
-        await client.delete(keys.model_index_chunk(version, 1))
+        await client.delete(keys.index_chunk(version, 1))
         with pytest.raises(ArtifactError, match=r"index:1 is missing in Redis; delete the version"):
             await load_retriever_from_redis(client, version, config)
         again = VersionWatcher(redis=client, loader=lambda v: v, embeddings=NoEmbeddings(),
