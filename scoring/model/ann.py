@@ -125,14 +125,19 @@ class AnnIndex:
         self, users: npt.NDArray[np.float32], n: int
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
         """``users [B, D]`` -> rows ``[B, n]`` (-1 padded) and scores ``[B, n]`` (-inf padded),
-        best first."""
+        best first. One user at a time: faiss computes a batch of queries differently from a
+        single one (BLAS above a batch size), and a user's results must not depend on the
+        batch it came in (online = offline)."""
         q = np.ascontiguousarray(users, dtype=np.float32)  # [B, D]
         params = None
         if self.kind == "hnsw":
             params = faiss.SearchParametersHNSW(efSearch=max(self._ef, n))  # type: ignore[attr-defined]
-        scores, rows = self.index.search(q, n, params=params)  # [B, n], [B, n]
-        scores = np.where(rows < 0, np.float32(-np.inf), scores).astype(np.float32)
-        return rows.astype(np.int64), scores
+        rows = np.empty((q.shape[0], n), dtype=np.int64)  # [B, n]
+        scores = np.empty((q.shape[0], n), dtype=np.float32)  # [B, n]
+        for b in range(q.shape[0]):
+            scores[b : b + 1], rows[b : b + 1] = self.index.search(q[b : b + 1], n, params=params)
+        scores[rows < 0] = -np.inf
+        return rows, scores
 
 
 def _first_line(exc: BaseException) -> str:

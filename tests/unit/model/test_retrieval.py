@@ -150,3 +150,13 @@ def test_ann_recall_on_a_random_catalogue(options: IndexOptions, floor: float) -
     exact = np.argsort(-(users @ items.T), axis=1)[:, :100]
     recall = np.mean([len(set(a) & set(e)) / 100 for a, e in zip(rows, exact, strict=True)])
     assert recall >= floor, (options.kind, recall)
+
+
+def test_search_results_do_not_depend_on_the_batch() -> None:
+    r, _ = make_retriever(rows=300)
+    users = r.user_vectors([[f"item-{i}", f"item-{2 * i}"] for i in range(40)])  # [40, D]
+    rows, scores = r.search(users, 50)  # 40 queries: above faiss' BLAS threshold
+    for b in (0, 17, 39):
+        one_rows, one_scores = r.search(users[b : b + 1], 50)
+        np.testing.assert_array_equal(one_rows[0], rows[b])
+        np.testing.assert_array_equal(one_scores[0], scores[b])
