@@ -36,8 +36,8 @@ class IndexOptions:
     hnsw_ef_construction: int = 80
     hnsw_ef_search: int = 128  # raised to n when a search asks for more results
     ivf_lists: int = 0  # 0: 4 * sqrt(rows)
-    ivf_probe: int = 64
-    ivf_train_rows: int = 131_072  # k-means runs on a seeded sample of this many rows
+    ivf_probe: int = 256
+    ivf_train_rows: int = 0  # k-means on a seeded sample of this many rows (0: 64 per list)
     seed: int = 17
 
     def to_json(self) -> dict[str, Any]:
@@ -74,7 +74,7 @@ def build_index(
         index = faiss.IndexIVFFlat(quantizer, dim, lists, faiss.METRIC_INNER_PRODUCT)
         index.cp.seed = options.seed
         rng = np.random.default_rng(options.seed)
-        take = min(rows, max(options.ivf_train_rows, lists))
+        take = min(rows, max(options.ivf_train_rows or 64 * lists, lists))
         sample = x[np.sort(rng.choice(rows, size=take, replace=False))] if take < rows else x
         index.train(sample)
         meta |= {"lists": lists, "probe": min(options.ivf_probe, lists)}
@@ -138,6 +138,17 @@ class AnnIndex:
             scores[b : b + 1], rows[b : b + 1] = self.index.search(q[b : b + 1], n, params=params)
         scores[rows < 0] = -np.inf
         return rows, scores
+
+
+def stored_vectors(index: faiss.Index) -> npt.NDArray[np.float32] | None:
+    """A read-only view of the vectors a flat or HNSW index stores (row i = label i), without a
+    copy; None for other kinds. Valid while ``index`` lives."""
+    flat = faiss.downcast_index(index.storage) if isinstance(index, faiss.IndexHNSWFlat) else index
+    if not isinstance(flat, faiss.IndexFlat) or flat.ntotal == 0:
+        return None
+    view = faiss.rev_swig_ptr(flat.get_xb(), flat.ntotal * flat.d).reshape(flat.ntotal, flat.d)
+    view.flags.writeable = False
+    return view
 
 
 def _first_line(exc: BaseException) -> str:

@@ -30,7 +30,7 @@ from safetensors.numpy import save as np_save
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from scoring.model.ann import AnnIndex, IndexOptions, build_index, index_bytes
+from scoring.model.ann import AnnIndex, IndexOptions, build_index, index_bytes, stored_vectors
 from streamrank.errors import ArtifactError
 
 RETRIEVAL_FILE = "retrieval.safetensors"
@@ -216,10 +216,17 @@ class Retriever:
         return np.where(rows >= 0, scores, np.float32(-np.inf)).astype(np.float32)
 
     def memory_bytes(self) -> int:
-        """Bytes held: the index, the item vectors, the user tower and the id lookup."""
+        """Bytes held: the index, the item vectors (unless the index holds them), the user
+        tower and the id lookup."""
         weights = self._w1t.nbytes + self._b1.nbytes + self._w2t.nbytes + self._b2.nbytes
         ids = sys.getsizeof(self._row_of) + sum(sys.getsizeof(i) for i in self.item_ids)
-        return int(self.index.nbytes + self._vectors.nbytes + weights + ids)
+        shared = stored_vectors(self.index.index)
+        vectors = (
+            0
+            if shared is not None and np.shares_memory(shared, self._vectors)
+            else self._vectors.nbytes
+        )
+        return int(self.index.nbytes + vectors + weights + ids)
 
     @property
     def vectors(self) -> npt.NDArray[np.float32]:
@@ -267,7 +274,7 @@ class Retriever:
         return cls(
             item_ids=ids,
             categories=[vocab[c] if c >= 0 else "" for c in codes.tolist()],
-            vectors=tensors["item"],
+            vectors=_shared(index, tensors["item"]),
             empty=tensors["empty"],
             weights={k: tensors[k] for k in USER_WEIGHTS},
             index=index,
@@ -287,6 +294,13 @@ def _decode_ids(raw: npt.NDArray[Any] | None) -> list[str]:
         return raw.tobytes().decode("utf-8").split("\n")[:-1]
     except UnicodeDecodeError as exc:
         raise ArtifactError(f"{RETRIEVAL_FILE}: tensor 'item_ids' is not UTF-8: {exc}") from exc
+
+
+def _shared(index: AnnIndex, vectors: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """The index's own copy of ``vectors`` when it stores exactly them (flat, HNSW): a large
+    catalogue's vectors are then held once, not twice."""
+    view = stored_vectors(index.index)
+    return view if view is not None and np.array_equal(view, vectors) else vectors
 
 
 def _spot_check(index: AnnIndex, vectors: npt.NDArray[np.float32], samples: int = 8) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -372,7 +372,9 @@ def _full_ranking(
         return None
     assert isinstance(ranker.net, DIN)
     din = din_model(ranker.net, ranker.tower.export(), ranker.features, cfg.windows, index)
-    return run_protocol(ds, split, din, cfg.retrieval, seed=cfg.seed, progress=progress)
+    spec = replace(cfg.retrieval.spec, history_len=cfg.history_len)  # the DIN's history cut
+    rcfg = replace(cfg.retrieval, spec=spec)
+    return run_protocol(ds, split, din, rcfg, seed=cfg.seed, progress=progress)
 
 
 def _train_and_evaluate(ds: Dataset, cfg: TrainConfig, *, progress: bool) -> TrainResult:

@@ -64,6 +64,8 @@ def test_user_vectors_are_the_same_offline_online_and_in_any_batch() -> None:
         np.testing.assert_array_equal(online.user_vectors([history])[0], batch[i])
     np.testing.assert_array_equal(online.user_vectors(HISTORIES[::-1]), batch[::-1])
     np.testing.assert_allclose(np.linalg.norm(batch, axis=1), 1.0, atol=1e-5)
+    # loaded, the vectors are the index's own copy: held once
+    assert online.memory_bytes() == offline.memory_bytes() - offline.vectors.nbytes
 
 
 def test_history_cut_unknown_ids_and_the_empty_history() -> None:
