@@ -14,7 +14,7 @@ the as-of time is not counted. The order is by clicks, best first, ties by item 
   ``resync`` it read longest ago, so a late click into a closed bucket shows within
   ``buckets / resync`` calls. A whole window of a large catalogue is too much to read and sum
   on a scoring worker's event loop every few seconds; a bucket or two is not (measured in
-  docs/streams.md, "Hot items").
+  docs/scoring.md, "Hot-item pool").
 """
 
 from __future__ import annotations
