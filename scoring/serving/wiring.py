@@ -1,6 +1,7 @@
 """What the scoring worker ranks with, wired from the settings: the feature reader, the cached
-embedding store, the model loader, the version watcher and the :class:`RankService`. Tests
-inject their own features, embeddings and loader instead of the production ones."""
+embedding store, the model loader, the version watcher, the hot-item pool and the
+:class:`RankService`. Tests inject their own features, embeddings and loader instead of the
+production ones."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from scoring.serving.breaker import CircuitBreaker
+from scoring.serving.hotpool import HotPool
 from scoring.serving.margin import DeadlineMargin
 from scoring.serving.metrics import ScoringMetrics
 from scoring.serving.protocols import EmbeddingSource, FeatureSource
@@ -88,6 +90,21 @@ def real_retrieval_loader(redis: aioredis.Redis) -> RetrievalLoader:
         )
 
     return load
+
+
+def hot_pool(settings: Settings, redis: aioredis.Redis, metrics: ScoringMetrics) -> HotPool:
+    """The hot-item pool (not started): ``cascade.hot_pool`` items of the ``cascade.hot_window``
+    item window, re-read every ``cascade.hot_refresh_s``."""
+    from streams.hot_items import HotItemsReader
+
+    c = settings.cascade
+    return HotPool(
+        reader=HotItemsReader(redis=redis, features=settings.features),
+        window=c.hot_window,
+        size=c.hot_pool,
+        refresh_s=c.hot_refresh_s,
+        metrics=metrics,
+    )
 
 
 def rank_service(
