@@ -10,13 +10,10 @@ from streamrank.settings import Settings
 
 
 def _train(args: argparse.Namespace, settings: Settings) -> int:
-    from scoring.model.ann import IndexOptions
     from scoring.model.features import parse_families
-    from scoring.model.retrieval import RetrievalSpec
     from scoring.training.data import load_movielens
     from scoring.training.export import export_artifact
     from scoring.training.train import TrainConfig, train_and_evaluate
-    from scoring.training.twotower import RetrievalConfig
     from workbench.datasets import movielens_dir
 
     if args.synthetic:
@@ -37,15 +34,7 @@ def _train(args: argparse.Namespace, settings: Settings) -> int:
         bucket_s=(settings.features.counter_bucket_s, settings.features.counter_coarse_bucket_s),
         patience=args.patience,
         time_split=not args.no_time_split,
-        retrieval=None
-        if args.no_retrieval
-        else RetrievalConfig(
-            spec=RetrievalSpec(
-                dim=args.retrieval_dim, history_len=settings.features.sequence_length
-            ),
-            index=IndexOptions(kind=args.index),
-            cascade=cascade_config(settings),
-        ),
+        retrieval=None if args.no_retrieval else retrieval_config(args, settings),
     )
     result = train_and_evaluate(ds, cfg, progress=not args.no_progress)
     out = args.out or settings.tools.artifacts_dir
@@ -108,6 +97,19 @@ def _print_full_ranking(full: dict[str, Any]) -> None:
             if isinstance(vals, dict) and "hr@10" in vals:
                 print(f"  {method:<12}hr@10 {vals['hr@10']:.4f}  ndcg@10 {vals['ndcg@10']:.4f}  "
                       f"recall@200 {vals['recall@200']:.4f}  ({vals['seconds']} s)")  # fmt: skip
+
+
+def retrieval_config(args: argparse.Namespace, settings: Settings) -> Any:
+    """The two-tower model, its index and the offline cascade, from the flags and settings."""
+    from scoring.model.ann import IndexOptions
+    from scoring.model.retrieval import RetrievalSpec
+    from scoring.training.twotower import RetrievalConfig
+
+    return RetrievalConfig(
+        spec=RetrievalSpec(dim=args.retrieval_dim, history_len=settings.features.sequence_length),
+        index=IndexOptions(kind=args.index),
+        cascade=cascade_config(settings),
+    )
 
 
 def cascade_config(settings: Settings) -> Any:
