@@ -1,6 +1,7 @@
 """What the scoring worker ranks with, wired from the settings: the feature reader, the cached
-embedding store, the model loader, the version watcher and the :class:`RankService`. Tests
-inject their own features, embeddings and loader instead of the production ones."""
+embedding store, the model loader, the retrievers' loader, the hot-item pool, the version
+watcher, the result cache and the :class:`RankService`. Tests inject their own features,
+embeddings, loaders and pool instead of the production ones."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import redis.asyncio as aioredis
 from scoring.serving.breaker import CircuitBreaker
 from scoring.serving.margin import DeadlineMargin
 from scoring.serving.metrics import ScoringMetrics
-from scoring.serving.protocols import EmbeddingSource, FeatureSource
+from scoring.serving.protocols import EmbeddingSource, FeatureSource, HotItems
+from scoring.serving.result_cache import ResultCache
 from scoring.serving.service import RankService
-from scoring.serving.watcher import Loader, RecentIds, VersionWatcher
+from scoring.serving.watcher import Loader, RecentIds, RetrieverLoader, VersionWatcher
 from streamrank.redis.client import redis_client
 from streamrank.settings import ScoringSettings, Settings
 
@@ -25,11 +27,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Dependencies:
-    """What ranking reads: features, embeddings and the model loader (None: the real ones)."""
+    """What ranking reads: features, embeddings and the model loader (None: the real ones);
+    each version's retriever (None: no retrieval index, the hot pool serves retrieval
+    requests) and the hot-item pool (None: an empty one)."""
 
     features: FeatureSource | None = None
     embeddings: EmbeddingSource | None = None
     loader: Loader | None = None
+    retrievers: RetrieverLoader | None = None
+    hot: HotItems | None = None
 
 
 def configure_torch(scoring: ScoringSettings) -> None:
@@ -92,6 +98,7 @@ def rank_service(
         recent=recent,
         warm_top_k=s.embeddings.cache_warm_top_k,
         poll_s=s.scoring.poll_s,
+        retriever_loader=injected.retrievers,
     )
     service = RankService(
         features=features,
@@ -106,5 +113,8 @@ def rank_service(
         log_served=s.topics.served_log is not None,
         recent=recent,
         margin=DeadlineMargin(cap_ms=s.scoring.budget_ms / 2),
+        hot=injected.hot,
+        cascade=s.cascade,
+        result_cache=ResultCache.from_settings(s.cascade, redis=redis, metrics=metrics),
     )
     return watcher, service
