@@ -49,15 +49,20 @@ def make_requests(
     ]
 
 
-def encode(request_id: str, user_id: str, items: Sequence[str], deadline_ms: int) -> bytes:
-    return orjson.dumps(
-        {
-            "request_id": request_id,
-            "user_id": user_id,
-            "items": list(items),
-            "deadline_ms": deadline_ms,
-        }
-    )
+def encode(
+    request_id: str,
+    user_id: str,
+    items: Sequence[str],
+    deadline_ms: int,
+    extra: dict[str, Any] | None = None,
+) -> bytes:
+    """A RankRequest; no ``items`` (an empty sequence) asks for retrieval; ``extra`` adds
+    fields such as ``top_k`` and ``scene``."""
+    body: dict[str, Any] = {"request_id": request_id, "user_id": user_id}
+    if items:
+        body["items"] = list(items)
+    body["deadline_ms"] = deadline_ms
+    return orjson.dumps({**body, **(extra or {})})
 
 
 @dataclass
@@ -65,6 +70,7 @@ class RunStats:
     sent: dict[str, float] = field(default_factory=dict)  # request_id -> perf_counter at send
     got: dict[str, float] = field(default_factory=dict)  # request_id -> perf_counter at reply
     degraded: int = 0
+    cached: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
     versions: dict[str, int] = field(default_factory=dict)
 
@@ -89,14 +95,35 @@ class RunStats:
             out["worker_stage_ms_mean"] = {
                 k: round(float(np.mean(v)), 2) for k, v in self.stages.items()
             }
+        if self.cached:
+            out["cached"] = self.cached
         return out
+
+    def stage_percentiles(self) -> dict[str, dict[str, float]]:
+        """p50/p99 of each worker-side stage timing (``timings_ms``) over the replies."""
+        return {
+            stage: {
+                "p50_ms": round(float(np.percentile(values, 50)), 3),
+                "p99_ms": round(float(np.percentile(values, 99)), 3),
+            }
+            for stage, values in self.stages.items()
+            if values
+        }
 
 
 class Driver:
     """One producer of requests and one reader of replies; ``async with``."""
 
-    def __init__(self, *, settings: Settings, requests_topic: str, results_topic: str) -> None:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        requests_topic: str,
+        results_topic: str,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         self._settings = settings
+        self._extra = extra  # fields added to every request (e.g. top_k)
         self._requests_topic = requests_topic
         self._results_topic = results_topic
         self._producer = kafka.producer(settings.kafka, acks=1, linger_ms=0)
@@ -144,6 +171,8 @@ class Driver:
                             stats.stages.setdefault(stage, []).append(float(ms))
                     version = reply.get("model_version", "")
                     stats.versions[version] = stats.versions.get(version, 0) + 1
+                    if rid in stats.sent and reply.get("cached"):
+                        stats.cached += 1
                     if reply.get("degraded"):
                         stats.degraded += 1
                         reason = str(reply.get("reason"))
@@ -176,7 +205,7 @@ class Driver:
             delay = start + i / rate - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            await self.send(rid, user, encode(rid, user, items, far))
+            await self.send(rid, user, encode(rid, user, items, far, self._extra))
         await self._producer.flush()
         await self.wait_answered(drain_s)
         return self.reset()
@@ -189,7 +218,9 @@ class Driver:
         Measured over the replies after the first 10% (the worker's warm-up)."""
         self.reset()
         far = clock.now_ms() + 3_600_000
-        payloads = [(rid, user, encode(rid, user, items, far)) for rid, user, items in requests]
+        payloads = [
+            (rid, user, encode(rid, user, items, far, self._extra)) for rid, user, items in requests
+        ]
         for rid, user, payload in payloads:
             await self.send(rid, user, payload)
         await self._producer.flush()
