@@ -88,7 +88,10 @@ class RankRequest:
         return not self.items
 
     def to_json(self) -> bytes:
-        return orjson.dumps(self)
+        """The message; a retrieval request's ``items`` as null (the contract refuses ``[]``)."""
+        if self.items:
+            return orjson.dumps(self)
+        return orjson.dumps({**_fields(self), "items": None})
 
     def as_of_ms(self, record_ts_ms: int) -> int:
         """The "as of" of every feature of this request (epoch ms): its ``ts``, else the
@@ -113,6 +116,11 @@ class RankResult:
 
     def to_json(self) -> bytes:
         return orjson.dumps(self)
+
+
+def _fields(message: Any) -> dict[str, Any]:
+    """A slotted dataclass' fields by name (orjson serialises them in this order)."""
+    return {name: getattr(message, name) for name in message.__dataclass_fields__}
 
 
 KafkaHeaders = Sequence[tuple[str, bytes | None]]  # record headers as Kafka clients give them

@@ -18,7 +18,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from schemas import RankRequest, RankResult, decode_result, is_error_reply
+from schemas import DEFAULT_SCENE, RankRequest, RankResult, decode_result, is_error_reply
 from streamrank.errors import ContractError, KafkaUnavailable, StreamrankError
 from streamrank.kafka import clients as kafka
 from streamrank.runtime import tasks
@@ -41,8 +41,46 @@ class RankRejected(StreamrankError):
         self.result = result
 
 
+def build_request(
+    user_id: str,
+    items: Sequence[str] | None,
+    *,
+    context: dict[str, Any] | None = None,
+    top_k: int | None = None,
+    scene: str | None = None,
+    exclude: Sequence[str] | None = None,
+    deadline_ms: int | None = None,
+    request_id: str | None = None,
+    ts: int | None = None,
+    reply_to: str | None = None,
+) -> RankRequest:
+    """The request :meth:`RankClient.rank` sends (a new request_id unless given). Raises
+    ValueError for an empty ``items``: an empty candidate list is more likely a caller's bug
+    than a wish to retrieve, which ``items=None`` says."""
+    for name, ids in (("items", items), ("exclude", exclude)):
+        if isinstance(ids, str):
+            raise TypeError(f"{name} must be a sequence of ids, not the string {ids[:40]!r}")
+    if items is not None and not items:
+        raise ValueError(
+            "items is empty: pass candidates, or items=None to have the engine retrieve them"
+        )
+    return RankRequest(
+        request_id=request_id or uuid.uuid4().hex,
+        user_id=user_id,
+        items=tuple(items or ()),
+        context=context,
+        deadline_ms=deadline_ms,
+        reply_to=reply_to,
+        ts=ts,
+        top_k=top_k,
+        scene=DEFAULT_SCENE if scene is None else scene,
+        exclude=tuple(exclude or ()),
+    )
+
+
 class RankClient:
-    """``async with RankClient(settings=s) as c: result = await c.rank("u1", ["a", "b"])``."""
+    """``async with RankClient(settings=s) as c: result = await c.rank("u1", ["a", "b"])``;
+    ``await c.rank("u1", top_k=10)`` retrieves."""
 
     def __init__(
         self, *, settings: Settings, reply_topic: str | None = None, default_timeout_s: float = 5.0
@@ -166,27 +204,36 @@ class RankClient:
     async def rank(
         self,
         user_id: str,
-        items: Sequence[str],
+        items: Sequence[str] | None = None,
         context: dict[str, Any] | None = None,
         *,
+        top_k: int | None = None,
+        scene: str | None = None,
+        exclude: Sequence[str] | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - the documented API
         deadline_ms: int | None = None,
         request_id: str | None = None,
         ts: int | None = None,
     ) -> RankResult:
-        """Score ``items`` for ``user_id`` with features as of ``ts`` (epoch ms; default the
-        request's Kafka timestamp); raises :class:`RankTimeout` or :class:`RankRejected`."""
+        """Rank ``items`` for ``user_id``, or (``items`` None) have the engine retrieve the
+        candidates; ``top_k``: only the best, sorted best first; ``scene``: its rules (default
+        ``"default"``); ``exclude``: items never to return. Features are as of ``ts`` (epoch ms;
+        default the request's Kafka timestamp). Raises :class:`RankTimeout` or
+        :class:`RankRejected`."""
         timeout_s = self._default_timeout_s if timeout is None else timeout
-        request = RankRequest(
-            request_id=request_id or uuid.uuid4().hex,
-            user_id=user_id,
-            items=tuple(items),
+        request = build_request(
+            user_id,
+            items,
             context=context,
+            top_k=top_k,
+            scene=scene,
+            exclude=exclude,
             deadline_ms=deadline_ms,
+            request_id=request_id,
+            ts=ts,
             reply_to=self._reply_topic
             if self._reply_topic != self._settings.topics.results
             else None,
-            ts=ts,
         )
         started = time.monotonic()
         future = await self.send(request)

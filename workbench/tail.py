@@ -168,9 +168,9 @@ class Filters:
 Column = tuple[str, int]  # (header, width)
 COLUMNS: dict[Kind, tuple[Column, ...]] = {
     "results": (("time", 12), ("p:offset", 9), ("request_id", 20), ("user", 12),
-                ("model", 22), ("flag", 16), ("top items (score)", 0)),
+                ("model", 22), ("flag", 34), ("ms", 7), ("top items (score) | stage ms", 0)),
     "requests": (("time", 12), ("p:offset", 9), ("request_id", 20), ("user", 12),
-                 ("items", 5), ("deadline", 12), ("reply_to", 0)),
+                 ("items", 5), ("top_k", 5), ("scene", 12), ("deadline", 12), ("reply_to", 0)),
     "clicks": (("time", 12), ("p:offset", 9), ("event_id", 24), ("user", 12), ("item", 14),
                ("category", 14), ("action", 0)),
     "dead_letters": (("time", 12), ("p:offset", 9), ("source", 28), ("reason", 18),
@@ -203,6 +203,22 @@ def top_items(items: Sequence[Any], scores: Sequence[Any], k: int) -> str:
     return " ".join(f"{i} {s:.4f}" for s, i in ranked) + more
 
 
+def result_flag(v: dict[str, Any]) -> str:
+    """``ok`` or ``degraded <reason code>``, and ``cached`` for a reply from the result cache."""
+    flag = f"degraded {reason_code(str(v.get('reason') or ''))}" if v.get("degraded") else "ok"
+    return f"{flag} cached" if v.get("cached") is True else flag
+
+
+def _ms(value: Any) -> str:
+    return f"{value:.1f}" if isinstance(value, int | float) else "-"
+
+
+def stage_times(timings: dict[str, Any]) -> str:
+    """The per-stage timings of a reply but the total, after the items: `` | rank 3.0 ...``."""
+    stages = " ".join(f"{k} {_ms(t)}" for k, t in timings.items() if k != "total")
+    return f" | {stages}" if stages else ""
+
+
 def cells(kind: Kind, m: Message, *, top: int = 5) -> list[str]:
     """The column values of one message (before clipping)."""
     where = f"{m.partition}:{m.offset}"
@@ -210,16 +226,17 @@ def cells(kind: Kind, m: Message, *, top: int = 5) -> list[str]:
         return [_time(m.timestamp), where, f"<{m.error}>", escaped(m.raw, 200)]
     v = m.value if isinstance(m.value, dict) else {}
     if kind == "results":
-        flag = "ok"
-        if v.get("degraded"):
-            flag = f"degraded {reason_code(str(v.get('reason') or ''))}"
+        found = v.get("timings_ms")
+        timings: dict[str, Any] = found if isinstance(found, dict) else {}
         return [_time(m.timestamp), where, str(v.get("request_id")), str(v.get("user_id")),
-                str(v.get("model_version") or "-"), flag,
-                top_items(v.get("items") or (), v.get("scores") or (), top)]  # fmt: skip
+                str(v.get("model_version") or "-"), result_flag(v), _ms(timings.get("total")),
+                top_items(v.get("items") or (), v.get("scores") or (), top)
+                + stage_times(timings)]  # fmt: skip
     if kind == "requests":
-        deadline = v.get("deadline_ms")
+        deadline, items = v.get("deadline_ms"), v.get("items")
         return [_time(m.timestamp), where, str(v.get("request_id")), str(v.get("user_id")),
-                str(len(v.get("items") or ())),
+                str(len(items)) if isinstance(items, list) and items else "-",
+                str(v.get("top_k") or "-"), str(v.get("scene") or "default"),
                 _time(int(deadline)) if isinstance(deadline, int) else "-",
                 str(v.get("reply_to") or "-")]  # fmt: skip
     if kind == "clicks":

@@ -1,7 +1,7 @@
 """Every metric of the scoring worker, built in one place from an injected registry.
 
 The embedding cache registers its own ``streamrank_embedding_cache_*`` metrics in the same
-registry (``scoring.embeddings.metrics``).
+registry (``scoring.embeddings.metrics``); the hot-item pool's are ``streamrank_hot_pool_*``.
 
 Latency buckets suit a tens-of-milliseconds budget: fine steps from 1 ms to 50 ms, then a few
 coarse ones to see outliers (Redis timeouts, GC pauses, broker stalls).
@@ -109,26 +109,46 @@ class ScoringMetrics(GroupMetrics):
             registry=r,
         )
         self.cascade_fallbacks = Counter(
-            "streamrank_scoring_cascade_fallbacks",
+            "streamrank_cascade_fallbacks",
             "Retrieval requests answered by a fallback rung, by the stage that fell back "
             "(retrieval, rank, features: the Redis read, model) and the reply's reason.",
             ["stage", "reason"],
             registry=r,
         )
         self.result_cache_hits = Counter(
-            "streamrank_scoring_result_cache_hits",
+            "streamrank_cascade_result_cache_hits",
             "Retrieval requests answered from the result cache (same user, scene, version and "
             "sequence version, within the TTL).",
             registry=r,
         )
         self.result_cache_misses = Counter(
-            "streamrank_scoring_result_cache_misses",
+            "streamrank_cascade_result_cache_misses",
             "Retrieval requests the result cache could not answer.",
             registry=r,
         )
         self.result_cache_entries = Gauge(
-            "streamrank_scoring_result_cache_entries",
+            "streamrank_cascade_result_cache_entries",
             "Results held in this worker's local result cache.",
+            registry=r,
+        )
+        self.hot_pool_failures = Counter(
+            "streamrank_hot_pool_refresh_failures",
+            "Hot-item pool refreshes that failed (the pool kept its last snapshot).",
+            registry=r,
+        )
+        self.hot_pool_items = Gauge(
+            "streamrank_hot_pool_items", "Items in the hot-item pool's snapshot.", registry=r
+        )
+        self.hot_pool_age = Gauge(
+            "streamrank_hot_pool_age_seconds",
+            "Seconds since the hot-item pool's snapshot was read (since the worker started, "
+            "while it has none).",
+            registry=r,
+        )
+        self.hot_pool_refresh = Histogram(
+            "streamrank_hot_pool_refresh_seconds",
+            "One successful hot-item pool refresh (one Redis round trip and the summing).",
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self._versions: set[str] = set()

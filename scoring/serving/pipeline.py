@@ -14,7 +14,7 @@ The rungs: retrieval late, failing or without an index for the version -> the ho
 candidates (``retrieval_fallback``); rank late or failing -> the coarse order and scores
 (``rank_skipped``); Redis down -> this worker's latest cached result within its TTL
 (``cached_fallback``), else the hot pool (:meth:`Cascade.degraded`). Every rung is counted per
-stage and reason (``streamrank_scoring_cascade_fallbacks_total``).
+stage and reason (``streamrank_cascade_fallbacks_total``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What the scoring worker ranks with, wired from the settings: the feature reader, the cached
-embedding store, the model loader, the retrievers' loader, the hot-item pool, the version
-watcher, the result cache and the :class:`RankService`. Tests inject their own features,
+embedding store, the model loader, the retrievers' loader, the version watcher, the hot-item
+pool, the result cache and the :class:`RankService`. Tests inject their own features,
 embeddings, loaders and pool instead of the production ones."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from scoring.serving.breaker import CircuitBreaker
+from scoring.serving.hotpool import HotPool
 from scoring.serving.margin import DeadlineMargin
 from scoring.serving.metrics import ScoringMetrics
 from scoring.serving.protocols import EmbeddingSource, FeatureSource, HotItems
@@ -29,7 +30,7 @@ logger = logging.getLogger(__name__)
 class Dependencies:
     """What ranking reads: features, embeddings and the model loader (None: the real ones);
     each version's retriever (None: no retrieval index, the hot pool serves retrieval
-    requests) and the hot-item pool (None: an empty one)."""
+    requests) and the hot-item pool (None: the worker's own)."""
 
     features: FeatureSource | None = None
     embeddings: EmbeddingSource | None = None
@@ -80,10 +81,31 @@ def real_dependencies(
     return features, embeddings, loader
 
 
+def hot_pool(settings: Settings, redis: aioredis.Redis, metrics: ScoringMetrics) -> HotPool:
+    """The hot-item pool (not started): ``cascade.hot_pool`` items of the ``cascade.hot_window``
+    item window, re-read every ``cascade.hot_refresh_s``."""
+    from streams.hot_items import HotItemsReader
+
+    c = settings.cascade
+    return HotPool(
+        reader=HotItemsReader(redis=redis, features=settings.features),
+        window=c.hot_window,
+        size=c.hot_pool,
+        refresh_s=c.hot_refresh_s,
+        metrics=metrics,
+    )
+
+
 def rank_service(
-    settings: Settings, redis: aioredis.Redis, metrics: ScoringMetrics, injected: Dependencies
+    settings: Settings,
+    redis: aioredis.Redis,
+    metrics: ScoringMetrics,
+    injected: Dependencies,
+    *,
+    hot: HotItems | None = None,
 ) -> tuple[VersionWatcher, RankService]:
-    """The version watcher (not started) and the service that ranks with what it serves."""
+    """The version watcher (not started) and the service that ranks with what it serves;
+    ``hot``: the hot-item pool (``injected.hot`` wins; None: an empty one)."""
     s = settings
     features, embeddings, loader = injected.features, injected.embeddings, injected.loader
     if features is None or embeddings is None or loader is None:
@@ -113,7 +135,7 @@ def rank_service(
         log_served=s.topics.served_log is not None,
         recent=recent,
         margin=DeadlineMargin(cap_ms=s.scoring.budget_ms / 2),
-        hot=injected.hot,
+        hot=injected.hot if injected.hot is not None else hot,
         cascade=s.cascade,
         result_cache=ResultCache.from_settings(s.cascade, redis=redis, metrics=metrics),
     )

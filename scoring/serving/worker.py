@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from schemas import Limits
 from scoring.serving.checkpoint import Checkpoint
+from scoring.serving.hotpool import HotPool
 from scoring.serving.kafka_clients import next_batch, reply_producer, request_consumer
 from scoring.serving.metrics import ScoringMetrics
 from scoring.serving.outgoing import ReplyWriter
@@ -30,7 +31,13 @@ from scoring.serving.protocols import EmbeddingSource, FeatureSource, HotItems
 from scoring.serving.service import RankService
 from scoring.serving.triage import Routing, Triage
 from scoring.serving.watcher import Loader, RetrieverLoader, VersionWatcher
-from scoring.serving.wiring import Dependencies, configure_torch, rank_service, scoring_redis
+from scoring.serving.wiring import (
+    Dependencies,
+    configure_torch,
+    hot_pool,
+    rank_service,
+    scoring_redis,
+)
 from streamrank import clock
 from streamrank.runtime.health import Check, Health
 from streamrank.runtime.worker import GroupWorker
@@ -79,6 +86,7 @@ class ScoringWorker(GroupWorker):
         )
         self.watcher: VersionWatcher | None = None
         self.service: RankService | None = None
+        self.hot_pool: HotPool | None = None
         self._checkpoint: Checkpoint | None = None
         self._inflight: collections.deque[asyncio.Task[bool]] = collections.deque()
         self.batches = 0
@@ -94,14 +102,17 @@ class ScoringWorker(GroupWorker):
     async def open(self) -> Any:
         configure_torch(self.settings.scoring)
         redis = scoring_redis(self.settings)
+        self.hot_pool = hot_pool(self.settings, redis, self.metrics)
         self.watcher, self.service = rank_service(
-            self.settings, redis, self.metrics, self._injected
+            self.settings, redis, self.metrics, self._injected, hot=self.hot_pool
         )
         try:
             await self.watcher.refresh()
         except Exception as exc:  # Redis down at start: serve degraded until it answers
             logger.warning("could not read the model pointer at start (%s); will retry", exc)
         self.watcher.start()
+        await self.hot_pool.refresh()  # a failure is logged; the background refresh retries
+        self.hot_pool.start()
         return redis
 
     def checks(self) -> Mapping[str, Check]:
@@ -141,6 +152,8 @@ class ScoringWorker(GroupWorker):
             await self.watcher.stop()
         if self.service is not None:
             await self.service.cascade.cache.drain()  # results written for the group
+        if self.hot_pool is not None:
+            await self.hot_pool.stop()
         with contextlib.suppress(Exception):  # what was answered is not asked again
             await self.commit_answered()
 

@@ -43,6 +43,12 @@ def _model() -> ModuleType:
     return model
 
 
+def _hotpool() -> ModuleType:
+    from workbench.bench import hotpool
+
+    return hotpool
+
+
 def _rebalance() -> ModuleType:
     from workbench.bench import rebalance
 
@@ -91,6 +97,7 @@ BENCHMARKS: dict[str, tuple[Callable[[], ModuleType], str]] = {
     "scoring": (_scoring, "end-to-end ranking throughput and latency"),
     "model": (_model, "DIN forward throughput: straightforward vs serving split"),
     "codecs": (_codecs, "bytes and CPU of each producer compression codec"),
+    "hotpool": (_hotpool, "one hot-item pool refresh on a synthetic catalogue: ms, bytes, memory"),
     "rollout": (
         _rollout,
         "staged rollouts on ml-100k decided by online metrics (good, bad, equal)",

@@ -18,12 +18,19 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def rank_once(
-    settings: Settings, user: str, items: list[str], timeout_s: float, ts: int | None = None
+    settings: Settings,
+    user: str,
+    items: list[str] | None,
+    timeout_s: float,
+    ts: int | None = None,
+    **options: Any,
 ) -> Any:
+    """One request through a :class:`RankClient`; ``items`` None retrieves; ``options``:
+    ``top_k``, ``scene``, ``exclude``."""
     from scoring.client import RankClient
 
     async with RankClient(settings=settings) as client:
-        return await client.rank(user, items, timeout=timeout_s, ts=ts)
+        return await client.rank(user, items, timeout=timeout_s, ts=ts, **options)
 
 
 def _epoch_ms(text: str) -> int:
@@ -39,20 +46,63 @@ def _epoch_ms(text: str) -> int:
     return value
 
 
+def id_list(text: str) -> list[str]:
+    """A comma-separated list of ids (blanks dropped); at least one."""
+    ids = [i.strip() for i in text.split(",") if i.strip()]
+    if not ids:
+        raise argparse.ArgumentTypeError(f"no ids in {text!r}: give them comma-separated, a,b,c")
+    return ids
+
+
+def _top_k(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--top-k must be at least 1, got {value}")
+    return value
+
+
+def result_lines(result: Any) -> list[str]:
+    """``streamrank rank``'s human output: the model and flags, the items best first with their
+    scores (equal scores in reply order), the stage timings."""
+    flags = []
+    if result.cached:
+        flags.append("cached")
+    if result.degraded:
+        flags.append(f"DEGRADED ({result.reason})")
+    head = f"user {result.user_id}, model {result.model_version or '-'}"
+    lines = [head + (f", {', '.join(flags)}" if flags else "")]
+    ranked = sorted(zip(result.items, result.scores, strict=True), key=lambda p: -p[1])
+    width = len(str(len(ranked)))
+    lines += [f"  {n:>{width}}. {score:.4f}  {item}" for n, (item, score) in enumerate(ranked, 1)]
+    if not ranked:
+        lines.append("  (no items)")
+    timings = ", ".join(f"{k} {v:.1f}" for k, v in result.timings_ms.items())
+    lines.append(f"timings (ms): {timings or '-'}")
+    return lines
+
+
 def _rank(args: argparse.Namespace, settings: Settings) -> int:
     from workbench.cli.common import print_json
 
-    items = [i.strip() for i in args.items.split(",") if i.strip()]
-    result = asyncio.run(rank_once(settings, args.user, items, args.timeout, args.ts))
+    result = asyncio.run(
+        rank_once(
+            settings,
+            args.user,
+            args.items,
+            args.timeout,
+            args.ts,
+            top_k=args.top_k,
+            scene=args.scene,
+            exclude=args.exclude,
+        )
+    )
     if args.json:
         print_json(result)
         return 0
-    flag = f" DEGRADED ({result.reason})" if result.degraded else ""
-    print(f"user {result.user_id}, model {result.model_version or '-'}{flag}")
-    for item, score in sorted(zip(result.items, result.scores, strict=True), key=lambda p: -p[1]):
-        print(f"  {score:.4f}  {item}")
-    timings = ", ".join(f"{k} {v:.1f}" for k, v in result.timings_ms.items())
-    print(f"timings (ms): {timings}")
+    print("\n".join(result_lines(result)))
     return 0
 
 
@@ -95,9 +145,36 @@ def register(sub: Any) -> None:
     )
     scoring.set_defaults(func=_worker)
 
-    rank = sub.add_parser("rank", help="score items for a user through the scoring worker")
+    rank = sub.add_parser(
+        "rank",
+        help="rank items for a user through the scoring worker, or (without --items) have it "
+        "retrieve them",
+    )
     rank.add_argument("--user", required=True, help="user id")
-    rank.add_argument("--items", required=True, help="comma-separated item ids")
+    rank.add_argument(
+        "--items",
+        type=id_list,
+        default=None,
+        help="comma-separated candidate ids (default: none, the engine retrieves candidates)",
+    )
+    rank.add_argument(
+        "--top-k",
+        type=_top_k,
+        default=None,
+        metavar="K",
+        help="only the best K, sorted best first (default: every candidate given, or the "
+        "scene's reply length for a retrieval request)",
+    )
+    rank.add_argument(
+        "--scene", default=None, help="the scene whose rules apply (default: default)"
+    )
+    rank.add_argument(
+        "--exclude",
+        type=id_list,
+        default=None,
+        metavar="IDS",
+        help="comma-separated item ids never to return",
+    )
     rank.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the reply")
     rank.add_argument(
         "--ts",

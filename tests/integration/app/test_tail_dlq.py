@@ -190,7 +190,7 @@ async def test_dlq_counts_lists_and_replays_the_original_bytes_and_headers(
     bad = [
         (b"u1", b'{"request_id": "r-bad-1", "user_id": "u1", "items": {}}',
          {"headers": [("traceparent", b"00-abc"), ("bin", b"\xff\x00")]}),
-        (b"u2", b'{"request_id": "r-bad-2", "user_id": "u2"}', {}),
+        (b"u2", b'{"request_id": "r-bad-2", "items": ["a"]}', {}),  # no user_id
         (b"u3", b"\xff not json", {}),
     ]  # fmt: skip
     async with running_worker(settings):

@@ -6,9 +6,7 @@ candidates). Also the result cache's Redis mode, shared by two workers' caches."
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,20 +39,8 @@ from workbench.devstack.servers import private_redis
 pytestmark = pytest.mark.timeout(180)
 
 
-class Retrieval(RankRequest):
-    """A request without items, as a producer in another language writes it (no ``items``)."""
-
-    __slots__ = ()
-
-    def to_json(self) -> bytes:
-        fields = dataclasses.asdict(self)
-        del fields["items"]
-        return orjson.dumps(fields)
-
-
 async def retrieve(client: RankClient, user: str, **fields: Any) -> RankResult:
-    request = Retrieval(request_id=uuid.uuid4().hex, user_id=user, **fields)
-    return await asyncio.wait_for(await client.send(request), 30)
+    return await client.rank(user, timeout=30, **fields)
 
 
 def settings_for(make_settings: Callable[..., Settings], unique: str, url: str) -> Settings:

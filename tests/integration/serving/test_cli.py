@@ -124,6 +124,8 @@ async def test_worker_command_rank_command_and_metrics(
         assert metric(text, "streamrank_scoring_request_latency_seconds_count") == 1.0
         assert metric(text, "streamrank_scoring_stage_seconds_count", stage="forward") == 1.0
         assert "streamrank_embedding_cache_misses" in text
+        assert metric(text, "streamrank_hot_pool_refresh_failures_total") == 0.0
+        assert metric(text, "streamrank_hot_pool_refresh_seconds_count") >= 1
     finally:
         worker.send_signal(signal.SIGTERM)
         code = await asyncio.wait_for(worker.wait(), 30)

@@ -15,14 +15,15 @@ import pytest
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
 
-from schemas import reasons
-from scoring.client import RankClient, RankRejected
+from schemas import ClickEvent, reasons
+from scoring.client import RankClient
 from scoring.model.canary import assign, parse_split
 from scoring.model.versions import set_split
 from scoring.serving.served_log import rescore
 from streamrank import keys
 from streamrank.kafka.topics import create_topics
 from streamrank.settings import Settings
+from tests.integration.support.features import writer_for
 from tests.integration.support.scoring import (
     committed_total,
     item_ids,
@@ -153,7 +154,7 @@ async def test_bad_requests_go_to_dead_letters_with_error_replies(
                 await producer.send_and_wait(settings.topics.requests, raw, key=b"u")
         finally:
             await producer.stop()
-        with pytest.raises(RankRejected, match="empty_items"):
+        with pytest.raises(ValueError, match="items=None"):  # refused before it is sent
             await client.rank("u1", [], timeout=10)
         # the worker is still alive and answers a good request, also on an allowed reply topic
         good = await client.rank("u1", ["a", "b"], timeout=10)
@@ -161,11 +162,9 @@ async def test_bad_requests_go_to_dead_letters_with_error_replies(
         async with RankClient(settings=settings, reply_topic=allowed) as other:
             routed = await other.rank("u1", ["a"], timeout=10)
             assert not routed.degraded
-    letters = await read_topic(settings, settings.topics.dead_letters, want=6)
+    letters = await read_topic(settings, settings.topics.dead_letters, want=5)
     reasons = sorted(letter["error"].split(":", 1)[0] for letter in letters)
-    assert reasons == [
-        "empty_items", "empty_items", "empty_items", "not_json", "too_long", "too_many_items"
-    ]  # fmt: skip
+    assert reasons == ["empty_items", "empty_items", "not_json", "too_long", "too_many_items"]
     assert {letter["source_topic"] for letter in letters} == {settings.topics.requests}
     assert any(letter["payload"] == "{not json" for letter in letters)
     results = await read_topic(settings, settings.topics.results, want=20, timeout_s=3)
@@ -188,22 +187,35 @@ async def test_redis_down_gives_degraded_replies_then_back_to_normal(
 ) -> None:  # fmt: skip
     with private_redis(tmp_path) as server:
         settings = worker_settings(make_settings, unique, STREAMRANK_REDIS_URL=server.url,
-                                   STREAMRANK_REDIS_TIMEOUT_S=0.2, STREAMRANK_BREAKER_FAILURES=2)  # fmt: skip
+                                   STREAMRANK_REDIS_TIMEOUT_S=0.2, STREAMRANK_BREAKER_FAILURES=2,
+                                   STREAMRANK_CASCADE_HOT_REFRESH_S=0.1)  # fmt: skip
         await create_topics(settings)
         client_redis = aioredis.from_url(server.url)
         version = await publish(client_redis, tiny_artifacts[0])
         await client_redis.set(keys.active_model(), version)
+        two_hours_ago = int(time.time() * 1000) - 7_200_000  # a closed bucket of both windows
+        hot = [ClickEvent(f"e{k}", "u9", "hot-a" if k % 3 else "hot-b", two_hours_ago + k)
+               for k in range(5)]  # fmt: skip
+        assert await writer_for(settings, client_redis)(hot, two_hours_ago) == 5
         await client_redis.aclose()
         items = item_ids(tiny_artifacts[0])[:5]
         async with running_worker(settings) as worker, RankClient(settings=settings) as client:
             before = await client.rank("u1", items, timeout=30)
             assert not before.degraded and before.model_version == version
+            pool = worker.hot_pool
+            assert pool is not None and pool.items() == ("hot-a", "hot-b")  # read at start
             server.stop()
+            await wait_for(lambda: pool.failures >= 2, timeout_s=10, what="failed pool refreshes")
+            assert pool.items() == ("hot-a", "hot-b")  # Redis down: the last snapshot stays
             down = [await client.rank("u1", items, timeout=10) for _ in range(4)]
             assert all(r.degraded for r in down)
             assert {r.reason for r in down} <= {reasons.REDIS_UNAVAILABLE, reasons.BREAKER_OPEN}
             assert reasons.BREAKER_OPEN in {r.reason for r in down}  # the breaker opened
             assert all(len(r.scores) == len(items) for r in down)
+            # a retrieval request gets the worker's own hot pool (its last snapshot)
+            pooled = await client.rank("u7", top_k=2, timeout=10)
+            assert pooled.degraded and pooled.items == ("hot-a", "hot-b")
+            assert pooled.reason in {reasons.REDIS_UNAVAILABLE, reasons.BREAKER_OPEN}
             assert worker.metrics.redis_errors._value.get() >= 2
             server.start()
             last: list[object] = []
@@ -215,6 +227,10 @@ async def test_redis_down_gives_degraded_replies_then_back_to_normal(
 
             await wait_for(normal_again, timeout_s=20, what="normal replies after Redis is back")
             assert np.allclose(last[-1].scores, before.scores, atol=1e-6)  # type: ignore[attr-defined]
+            await wait_for(lambda: pool.failures == 0, timeout_s=10, what="a pool refresh")
+            assert pool.items() == ("hot-a", "hot-b") and pool.running
+            assert worker.metrics.hot_pool_failures._value.get() >= 2
+        assert not pool.running  # stopped with the worker
 
 
 async def test_version_switch_under_load_leaves_no_request_unanswered(

@@ -122,3 +122,29 @@ def test_topic_kinds_follow_the_settings() -> None:
     assert [kind_of(t, s) for t in ("res", "alt", "clicks", "dead-letters", "served", "x")] == [
         "results", "results", "clicks", "dead_letters", "served", "other",
     ]  # fmt: skip
+
+
+def test_a_result_row_shows_cached_and_the_stage_timings() -> None:
+    timings = {"retrieval": 1.25, "rank": 3.0, "total": 5.5}
+    m = Message.from_record(record(result(cached=True, timings_ms=timings)))
+    row, head = table_row("results", m, top=1), header("results")
+    assert head.index("flag") == row.index("ok cached")
+    assert head.index("ms") == row.index("5.5 ")
+    assert row.endswith("b 0.9877 (+2) | retrieval 1.2 rank 3.0")
+    both = table_row("results", Message.from_record(record(result(
+        degraded=True, reason="retrieval_fallback", cached=True))))  # fmt: skip
+    assert "degraded retrieval_fallback cached" in both  # the longest flag is not clipped
+    assert table_row("results", Message.from_record(record(result()))).endswith("a 0.1000")
+
+
+def test_a_request_row_shows_retrieval_top_k_and_scene() -> None:
+    retrieval = orjson.dumps({"request_id": "q1", "user_id": "u1", "items": None, "top_k": 10,
+                              "scene": "home", "deadline_ms": None})  # fmt: skip
+    row, head = table_row("requests", Message.from_record(record(retrieval))), header("requests")
+    for column, value in (("items", "-"), ("top_k", "10"), ("scene", "home")):
+        assert row[head.index(column) :].startswith(value), (column, row)
+    ranked = orjson.dumps({"request_id": "q2", "user_id": "u1", "items": ["a", "b"]})
+    row = table_row("requests", Message.from_record(record(ranked)))
+    assert row[head.index("items") :].startswith("2 ")
+    assert row[head.index("top_k") :].startswith("- ")
+    assert row[head.index("scene") :].startswith("default")

@@ -225,6 +225,13 @@ def test_decoded_values_round_trip_through_json() -> None:
     assert isinstance(result, RankResult)
 
 
+def test_a_retrieval_request_round_trips_with_null_items() -> None:
+    retrieval = RankRequest("r1", "u1", top_k=5, scene="home", exclude=("a",))
+    assert orjson.loads(retrieval.to_json())["items"] is None  # `[]` would be refused
+    assert decode_request(retrieval.to_json()) == retrieval and retrieval.retrieves
+    jsonschema.validate(orjson.loads(retrieval.to_json()), json_schema("RankRequest"))
+
+
 def test_dead_letter_keeps_the_original_bytes() -> None:
     text = DeadLetter.wrap(
         b'{"oops"', source_topic="clicks", partition=1, offset=9, error="e", at=5

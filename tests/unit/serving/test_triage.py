@@ -75,8 +75,8 @@ def test_a_retrieval_request_gets_the_cascade_budget_by_default() -> None:
     t = Triage(routing=routing, limits=Limits(), metrics=metrics, writer=writer)
     records = [
         record(RankRequest("r1", "u1", ("a",)).to_json(), 0),
-        record(orjson.dumps({"request_id": "r2", "user_id": "u1"}), 1),
-        record(orjson.dumps({"request_id": "r3", "user_id": "u1", "deadline_ms": 9}), 2),
+        record(RankRequest("r2", "u1").to_json(), 1),
+        record(RankRequest("r3", "u1", deadline_ms=9).to_json(), 2),
     ]
     out = t.batch(records, received=1001)
     assert out.deadlines == [1050, 1100, 9]
