@@ -14,14 +14,14 @@ import inspect
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
 from scoring.model.canary import Split, assign, parse_split
 from scoring.model.versions import read_pointers
 from scoring.serving.metrics import ScoringMetrics
-from scoring.serving.protocols import EmbeddingSource, Scorer
+from scoring.serving.protocols import EmbeddingSource, Retriever, Scorer
 from streamrank import keys
 from streamrank.errors import StreamrankError
 from streamrank.runtime import tasks
@@ -29,15 +29,19 @@ from streamrank.runtime import tasks
 logger = logging.getLogger(__name__)
 
 Loader = Callable[[str], Awaitable[Scorer] | Scorer]
+# A version's retriever, or None when the version ships no index.
+RetrieverLoader = Callable[[str], Awaitable[Retriever | None] | Retriever | None]
 
 
 @dataclass(frozen=True, slots=True)
 class Serving:
-    """An immutable serving state: the split and a scorer for each version in it."""
+    """An immutable serving state: the split, a scorer for each version in it and a retriever
+    for each version whose index could be loaded (absent: retrieval falls back)."""
 
     split: Split
     scorers: Mapping[str, Scorer]
     source: str  # "setting", "split" or "pointer": where the split came from
+    retrievers: Mapping[str, Retriever] = field(default_factory=dict)
 
     def assign(self, user_ids: Sequence[str]) -> list[str]:
         return assign(user_ids, self.split)
@@ -97,9 +101,11 @@ class VersionWatcher:
         recent: RecentIds | None = None,
         warm_top_k: int = 10_000,
         poll_s: float = 1.0,
+        retriever_loader: RetrieverLoader | None = None,
     ) -> None:
         self._redis = redis
         self._loader = loader
+        self._retriever_loader = retriever_loader
         self._embeddings = embeddings
         self._metrics = metrics
         self._static = static_split
@@ -118,6 +124,35 @@ class VersionWatcher:
         if inspect.isawaitable(scorer):
             scorer = await scorer
         return scorer
+
+    async def _load_retrievers(
+        self, versions: Iterable[str], held: Mapping[str, Retriever]
+    ) -> dict[str, Retriever]:
+        """The retrievers of ``versions``: held ones kept, new ones loaded; a version whose
+        index cannot be loaded is left out (its requests fall back to the hot-item pool)."""
+        out: dict[str, Retriever] = {}
+        for version in versions:
+            if version in held:
+                out[version] = held[version]
+                continue
+            if self._retriever_loader is None:
+                continue
+            try:
+                found = self._retriever_loader(version)
+                if inspect.isawaitable(found):
+                    found = await found
+            except Exception as exc:  # the version still serves: retrieval falls back
+                logger.error(
+                    "the retrieval index of %s cannot be loaded (%s); its retrieval requests "
+                    "get the hot-item pool",
+                    version,
+                    exc,
+                    exc_info=not isinstance(exc, StreamrankError),
+                )
+                continue
+            if found is not None:
+                out[version] = found
+        return out
 
     async def refresh(self) -> bool:
         """One poll; returns True when the serving state changed. Raises on Redis errors."""
@@ -144,8 +179,10 @@ class VersionWatcher:
                 )
                 self._failed[split] = str(exc)
             return False
+        held_retrievers = self.current.retrievers if self.current is not None else {}
+        retrievers = await self._load_retrievers(scorers, held_retrievers)
         previous = self.describe()
-        self.current = Serving(split=split, scorers=scorers, source=source)
+        self.current = Serving(split=split, scorers=scorers, source=source, retrievers=retrievers)
         self._failed.pop(split, None)
         self._metrics.set_split(split)
         self._metrics.version_switches.inc()
