@@ -60,6 +60,14 @@ item_seen             string  ``sr:{i:<shard>}:seen:<event_id>``: "1" once the e
                               lives in another slot, and no script spans two).
                               Lifetime: PXAT the expiry of the event's last counter bucket.
                               Writer and reader: the features workers' batch script.
+result_cache          string  ``sr:{u:<user>}:res:<version>:<variant>``: the latest final result of a
+                              retrieval request (JSON: the sequence version it was computed
+                              for, items, scores, served features); ``variant`` = a digest of
+                              the scene, top_k and exclude (scoring.serving.result_cache). In
+                              the user's slot.
+                              Lifetime: PX TTL ``STREAMRANK_CASCADE_RESULT_CACHE_TTL_S``, set on
+                              every write.
+                              Writer and reader: scoring workers with ``result_cache=redis``.
 embedding_meta        hash    ``sr:{emb:<version>:<table>}:meta``: table metadata: dim, encoding,
                               rows, buckets, shards, oov (the encoded OOV row), published_at,
                               publish_id. Written last: a table without it is not published.
@@ -381,6 +389,11 @@ def model_chunks_pattern(version: str, what: str) -> str:
 def model_config(version: str) -> str:
     """The config.json of one published model version (written last by publish)."""
     return f"{PREFIX}:{{model:{version}}}:config"
+
+
+def result_cache(user_id: str, version: str, variant: str) -> str:
+    """One user's cached result of one version and request variant, in the user's slot."""
+    return f"{PREFIX}:{user_tag(user_id)}:res:{version}:{variant}"
 
 
 def group_members(group: str) -> str:

@@ -6,9 +6,20 @@ let through as a probe; its success closes the breaker, its failure re-opens it.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import time
 from collections.abc import Callable
+
+from streamrank.errors import DependencyUnavailable
+from streamrank.redis import errors as redis_errors
+
+# What a Redis outage looks like from redis-py and the layers above it.
+REDIS_FAILURES: tuple[type[BaseException], ...] = (
+    DependencyUnavailable,
+    asyncio.TimeoutError,
+    *redis_errors.TRANSIENT,
+)
 
 
 class BreakerState(enum.IntEnum):

@@ -45,6 +45,14 @@ class ServedFeatures:
     def from_json(cls, raw: Mapping[str, Any]) -> ServedFeatures:
         return cls(int(raw["as_of"]), raw.get("codes"), raw.get("counters"))
 
+    def for_items(self, scored: Sequence[str], shown: Sequence[str]) -> ServedFeatures:
+        """These features for ``shown`` (some of the ``scored`` items, which the counts are
+        aligned with): what the served log keeps of a reply cut to its best items."""
+        if self.counters is None:
+            return self
+        row = dict(zip(scored, self.counters, strict=True))
+        return ServedFeatures(self.as_of_ms, self.codes, [row[item] for item in shown])
+
 
 def counts_of(user: Any, items: Sequence[Any]) -> list[list[int]]:
     """Counts ``[C, F]`` in :data:`COUNTERS` order from a user's and its candidates' reads."""

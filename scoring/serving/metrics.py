@@ -21,7 +21,8 @@ LATENCY_BUCKETS = (
     0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5,
 )  # fmt: skip
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-STAGES = ("queue_wait", "sequence_fetch", "embedding_lookup", "forward", "total")
+CASCADE_STAGES = ("retrieval", "filter", "coarse", "rank", "rerank")
+STAGES = ("queue_wait", "sequence_fetch", "embedding_lookup", "forward", *CASCADE_STAGES, "total")
 
 
 WORDING = Wording(
@@ -55,7 +56,7 @@ class ScoringMetrics(GroupMetrics):
         self.stage_latency = Histogram(
             "streamrank_scoring_stage_seconds",
             "Time per stage of a request: queue_wait, sequence_fetch, embedding_lookup, forward, "
-            "total.",
+            "the cascade's retrieval, filter, coarse, rank and rerank, total.",
             ["stage"],
             buckets=LATENCY_BUCKETS,
             registry=r,
@@ -115,6 +116,29 @@ class ScoringMetrics(GroupMetrics):
             ["reason"],
             registry=r,
         )
+        self.cascade_fallbacks = Counter(
+            "streamrank_cascade_fallbacks",
+            "Retrieval requests answered by a fallback rung, by the stage that fell back "
+            "(retrieval, rank, features: the Redis read, model) and the reply's reason.",
+            ["stage", "reason"],
+            registry=r,
+        )
+        self.result_cache_hits = Counter(
+            "streamrank_cascade_result_cache_hits",
+            "Retrieval requests answered from the result cache (same user, scene, version and "
+            "sequence version, within the TTL).",
+            registry=r,
+        )
+        self.result_cache_misses = Counter(
+            "streamrank_cascade_result_cache_misses",
+            "Retrieval requests the result cache could not answer.",
+            registry=r,
+        )
+        self.result_cache_entries = Gauge(
+            "streamrank_cascade_result_cache_entries",
+            "Results held in this worker's local result cache.",
+            registry=r,
+        )
         self.hot_pool_failures = Counter(
             "streamrank_hot_pool_refresh_failures",
             "Hot-item pool refreshes that failed (the pool kept its last snapshot).",
@@ -152,6 +176,11 @@ class ScoringMetrics(GroupMetrics):
             if len(self._outcomes) < 1024:  # reasons may carry details: keep the memo bounded
                 self._outcomes[(outcome, reason, topic)] = child
         child.inc()
+
+    def fallback(self, stage: str, reason: str, n: int = 1) -> None:
+        """``n`` retrieval requests fell back at ``stage`` with ``reason``."""
+        if n:
+            self.cascade_fallbacks.labels(stage, reason).inc(n)
 
     def model_encoding(self, version: str, encoding: str) -> None:
         """The encoding of a loaded version's item table (for ``model_info``)."""

@@ -1,7 +1,8 @@
 """The interfaces the scoring worker codes against.
 
 The real implementations are ``streams.reader.FeatureReader``,
-``scoring.embeddings.cache.CachedEmbeddings`` and ``scoring.model.din.DinScorer``; these
+``scoring.embeddings.cache.CachedEmbeddings``, ``scoring.model.din.DinScorer``,
+``scoring.model.retrieval.Retriever`` and ``scoring.serving.hotpool.HotPool``; these
 Protocols only say what the worker calls, so its pure parts can be unit-tested without a broker.
 """
 
@@ -63,3 +64,36 @@ class Scorer(Protocol):
         cand_mask: np.ndarray,  # [B, C] bool
         side: SideArrays | None = None,
     ) -> np.ndarray: ...
+
+
+class Retriever(Protocol):
+    """A version's retrieval model in process (``scoring.model.retrieval.Retriever``): rows of
+    raw ids, user vectors from histories, approximate search and exact dot products."""
+
+    @property
+    def item_ids(self) -> tuple[str, ...]: ...  # row -> raw item id
+
+    @property
+    def categories(self) -> tuple[str, ...]: ...  # row -> primary category ("" unknown)
+
+    @property
+    def dim(self) -> int: ...
+
+    def rows(self, ids: Sequence[str]) -> np.ndarray: ...  # [n] int64, -1 for an unknown id
+
+    def user_vectors(self, histories: Sequence[Sequence[str]]) -> np.ndarray: ...  # [B, D]
+
+    def search(
+        self, users: np.ndarray, n: int
+    ) -> tuple[np.ndarray, np.ndarray]: ...  # rows [B, n] int64 (-1 padded), scores [B, n]
+
+    def dot(self, users: np.ndarray, rows: np.ndarray) -> np.ndarray: ...  # [B, C], -inf for -1
+
+    def memory_bytes(self) -> int: ...
+
+
+class HotItems(Protocol):
+    """The hot-item pool: the most clicked items of late, best first (empty before its first
+    refresh)."""
+
+    def items(self) -> tuple[str, ...]: ...

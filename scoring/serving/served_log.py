@@ -2,8 +2,10 @@
 
 A record holds everything a score depended on besides the model version's weights and item
 table (which the store keeps per version): the history (item ids, ts, event ids, actions), the
-candidates and, for a version with side inputs, the raw feature values (``features``: the
-request's as-of time, its categorical codes and its counts per candidate). Rescoring it with the same version must reproduce the logged scores.
+items shown (a request's own candidates, or what the cascade retrieved and kept) and, for a
+version with side inputs, the raw feature values (``features``: the request's as-of time, its
+categorical codes and its counts per item). Rescoring it with the same version must reproduce
+the logged scores.
 
 Replies the version routed to could not score (degraded: fallback scores) are logged too, with
 ``degraded: true``, the reason and no sequence, so the outcomes worker can count a version's
@@ -33,9 +35,17 @@ def served_record(
     *,
     latency_ms: float | None = None,
     features: ServedFeatures | None = None,
+    items: Sequence[str] | None = None,
+    cached: bool = False,
 ) -> dict[str, Any]:
-    """The point-in-time record of one scored request (served-log topic, key = request_id)."""
-    record = _record(request, version, scores, served_at, latency_ms=latency_ms, degraded=False)
+    """The point-in-time record of one scored request (served-log topic, key = request_id).
+    ``items``: the items shown, aligned with ``scores`` (default: the request's own); a reply
+    from the result cache is marked ``cached``, with the features it was scored with."""
+    record = _record(
+        request, version, scores, served_at, latency_ms=latency_ms, degraded=False, items=items
+    )
+    if cached:
+        record["cached"] = True
     record["sequence"] = {
         "item_ids": [e.item_id for e in events],
         "ts": [int(e.ts) for e in events],
@@ -55,9 +65,13 @@ def degraded_record(
     *,
     reason: str | None,
     latency_ms: float | None = None,
+    items: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """The record of a reply routed to ``version`` that got fallback scores instead."""
-    record = _record(request, version, scores, served_at, latency_ms=latency_ms, degraded=True)
+    """The record of a reply routed to ``version`` that got fallback scores instead (``items``:
+    the items shown, default the request's own)."""
+    record = _record(
+        request, version, scores, served_at, latency_ms=latency_ms, degraded=True, items=items
+    )
     record["reason"] = reason
     return record
 
@@ -70,12 +84,13 @@ def _record(
     *,
     latency_ms: float | None,
     degraded: bool,
+    items: Sequence[str] | None,
 ) -> dict[str, Any]:
     return {
         "request_id": request.request_id,
         "user_id": request.user_id,
         "model_version": version,
-        "items": list(request.items),
+        "items": list(request.items if items is None else items),
         "scores": list(scores),
         "served_at": served_at,
         "degraded": degraded,

@@ -45,12 +45,13 @@ class Triaged:
 
 @dataclass(frozen=True, slots=True)
 class Routing:
-    """Where replies and dead letters go, and the default deadline budget."""
+    """Where replies and dead letters go, and the default deadline budgets."""
 
     results: str
     dead_letters: str
     allowed: tuple[str, ...]  # besides results
     budget_ms: int  # a request without its own deadline
+    retrieval_budget_ms: int | None = None  # ... and without items (None: ``budget_ms``)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Routing:
@@ -59,7 +60,14 @@ class Routing:
             dead_letters=settings.topics.dead_letters,
             allowed=tuple(settings.topics.reply_allowed),
             budget_ms=settings.scoring.budget_ms,
+            retrieval_budget_ms=settings.cascade.budget_ms,
         )
+
+    def budget_for(self, request: RankRequest) -> int:
+        """The default budget of ``request``: the cascade's for one that retrieves."""
+        if request.retrieves and self.retrieval_budget_ms is not None:
+            return self.retrieval_budget_ms
+        return self.budget_ms
 
     def reply_topic(self, reply_to: str | None) -> str | None:
         return replies.reply_topic(reply_to, default=self.results, allowed=self.allowed)
@@ -87,7 +95,9 @@ class Triage:
                     out.outgoing.append(self._refused_reply_to(record, request, received))
                     continue
                 deadline = replies.deadline_ms(
-                    request, produced_ms=int(record.timestamp), budget_ms=self._routing.budget_ms
+                    request,
+                    produced_ms=int(record.timestamp),
+                    budget_ms=self._routing.budget_for(request),
                 )
             except Exception as exc:
                 # A contract breach, or a bug of ours on input nobody foresaw: only this record

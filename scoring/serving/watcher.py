@@ -1,15 +1,15 @@
 """Which model versions serve, and switching between them without a restart.
 
 The watcher polls ``sr:model:active`` and ``sr:model:split`` (one MGET) about once a second.
-When the target changes it loads the scorers (and retrievers) of versions it does not hold yet
-from Redis, warms the embedding cache for them with the ids recently served, and only then swaps
-the one :class:`Serving` reference the worker reads at the start of each batch: a batch is scored
+When the target changes it loads the scorers of versions it does not hold yet from Redis,
+warms the embedding cache for them with the ids recently served, and only then swaps the one
+:class:`Serving` reference the worker reads at the start of each batch: a batch is scored
 entirely by the state it started with, and no request waits for a load.
 
 A version without a usable retriever (trained without one, or its index fails to load) still
 serves: it is left out of :attr:`Serving.retrievers`, logged and counted
-(``streamrank_scoring_retrieval_unavailable``), and its retrieval requests fall back to the
-hot-item pool.
+(``streamrank_scoring_retrieval_unavailable``), and its requests without items get the
+hot-item pool. A retriable error (Redis down) fails the switch, which the next poll retries.
 """
 
 from __future__ import annotations
@@ -20,32 +20,28 @@ import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 
 from scoring.model.canary import Split, assign, parse_split
 from scoring.model.versions import read_pointers
 from scoring.serving.metrics import ScoringMetrics
-from scoring.serving.protocols import EmbeddingSource, Scorer
+from scoring.serving.protocols import EmbeddingSource, Retriever, Scorer
 from streamrank import keys
-from streamrank.errors import ArtifactError, StreamrankError, UnknownVersion
+from streamrank.errors import StreamrankError
 from streamrank.runtime import tasks
-
-if TYPE_CHECKING:
-    from scoring.model.retrieval import Retriever
 
 logger = logging.getLogger(__name__)
 
 Loader = Callable[[str], Awaitable[Scorer] | Scorer]
-# A version's retriever, or None when it has none; ArtifactError/UnknownVersion when it fails.
-RetrievalLoader = Callable[[str], Awaitable["Retriever | None"]]
+# A version's retriever, or None when the version ships no index.
+RetrieverLoader = Callable[[str], Awaitable[Retriever | None] | Retriever | None]
 
 
 @dataclass(frozen=True, slots=True)
 class Serving:
-    """An immutable serving state: the split, a scorer for each version in it, and a retriever
-    for each version that has a usable one."""
+    """An immutable serving state: the split, a scorer for each version in it and a retriever
+    for each version whose index could be loaded (absent: retrieval falls back)."""
 
     split: Split
     scorers: Mapping[str, Scorer]
@@ -110,11 +106,11 @@ class VersionWatcher:
         recent: RecentIds | None = None,
         warm_top_k: int = 10_000,
         poll_s: float = 1.0,
-        retrieval_loader: RetrievalLoader | None = None,
+        retriever_loader: RetrieverLoader | None = None,
     ) -> None:
         self._redis = redis
         self._loader = loader
-        self._retrieval_loader = retrieval_loader
+        self._retriever_loader = retriever_loader
         self._embeddings = embeddings
         self._metrics = metrics
         self._static = static_split
@@ -134,31 +130,51 @@ class VersionWatcher:
             scorer = await scorer
         return scorer
 
-    async def _load_retriever(self, version: str) -> Retriever | None:
-        """The version's retriever, or None (logged and counted) when it has no usable one.
-        Redis errors propagate: the switch is tried again at the next poll."""
-        if self._retrieval_loader is None:
-            return None
-        try:
-            retriever = await self._retrieval_loader(version)
-        except (ArtifactError, UnknownVersion) as exc:
-            logger.error(
-                "model version %s serves without retrieval (requests without items get the "
-                "hot-item pool): %s",
-                version,
-                exc,
-            )
-            self._metrics.retrieval_unavailable.labels("load_failed").inc()
-            return None
-        if retriever is None:
-            logger.error(
-                "model version %s has no retrieval model, so requests without items get the "
-                "hot-item pool; train a version with one (`streamrank train` without "
-                "--no-retrieval), publish and activate it",
-                version,
-            )
-            self._metrics.retrieval_unavailable.labels("absent").inc()
-        return retriever
+    async def _load_retrievers(
+        self, versions: Iterable[str], held: Mapping[str, Retriever]
+    ) -> dict[str, Retriever]:
+        """The retrievers of ``versions``: held ones kept, new ones loaded; a version whose
+        index cannot be loaded is left out (its requests fall back to the hot-item pool)."""
+        out: dict[str, Retriever] = {}
+        for version in versions:
+            if version in held:
+                out[version] = held[version]
+                continue
+            if self._retriever_loader is None:
+                continue
+            try:
+                found = self._retriever_loader(version)
+                if inspect.isawaitable(found):
+                    found = await found
+            except StreamrankError as exc:
+                if exc.retriable:
+                    raise  # Redis is down: the whole switch is tried again at the next poll
+                self._no_retriever(version, "load_failed", str(exc))
+                continue
+            except Exception as exc:  # the version still serves: retrieval falls back
+                logger.exception("the retrieval index of %s cannot be loaded", version)
+                self._no_retriever(version, "load_failed", repr(exc))
+                continue
+            if found is None:
+                self._no_retriever(
+                    version,
+                    "absent",
+                    "it has no retrieval model; train a version with one (`streamrank train` "
+                    "without --no-retrieval), publish and activate it",
+                )
+            else:
+                out[version] = found
+        return out
+
+    def _no_retriever(self, version: str, reason: str, why: str) -> None:
+        """Log and count a version that serves without a retriever."""
+        logger.error(
+            "model version %s serves without retrieval (its requests without items get the "
+            "hot-item pool): %s",
+            version,
+            why,
+        )
+        self._metrics.retrieval_unavailable.labels(reason).inc()
 
     async def refresh(self) -> bool:
         """One poll; returns True when the serving state changed. Raises on Redis errors."""
@@ -170,20 +186,10 @@ class VersionWatcher:
         if self.current is not None and self.current.split == split:
             return False
         held = self.current.scorers if self.current is not None else {}
-        held_retrievers = self.current.retrievers if self.current is not None else {}
         scorers: dict[str, Scorer] = {}
-        retrievers: dict[str, Retriever] = {}
         try:
             for version, _ in split:
-                if version in held:
-                    scorers[version] = held[version]
-                    if version in held_retrievers:
-                        retrievers[version] = held_retrievers[version]
-                    continue
-                scorers[version] = await self._load(version)
-                retriever = await self._load_retriever(version)
-                if retriever is not None:
-                    retrievers[version] = retriever
+                scorers[version] = held[version] if version in held else await self._load(version)
             warm_ids = self.recent.newest()[: self._warm_top_k]
             for version in scorers:
                 if version not in held and warm_ids:
@@ -195,6 +201,8 @@ class VersionWatcher:
                 )
                 self._failed[split] = str(exc)
             return False
+        held_retrievers = self.current.retrievers if self.current is not None else {}
+        retrievers = await self._load_retrievers(scorers, held_retrievers)
         previous = self.describe()
         self.current = Serving(split=split, scorers=scorers, source=source, retrievers=retrievers)
         self._failed.pop(split, None)

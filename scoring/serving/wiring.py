@@ -1,7 +1,7 @@
 """What the scoring worker ranks with, wired from the settings: the feature reader, the cached
-embedding store, the model loader, the version watcher, the hot-item pool and the
-:class:`RankService`. Tests inject their own features, embeddings and loader instead of the
-production ones."""
+embedding store, the model loader, the retrievers' loader, the version watcher, the hot-item
+pool, the result cache and the :class:`RankService`. Tests inject their own features,
+embeddings, loaders and pool instead of the production ones."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from scoring.serving.breaker import CircuitBreaker
 from scoring.serving.hotpool import HotPool
 from scoring.serving.margin import DeadlineMargin
 from scoring.serving.metrics import ScoringMetrics
-from scoring.serving.protocols import EmbeddingSource, FeatureSource
+from scoring.serving.protocols import EmbeddingSource, FeatureSource, HotItems
+from scoring.serving.result_cache import ResultCache
 from scoring.serving.service import RankService
-from scoring.serving.watcher import Loader, RecentIds, RetrievalLoader, VersionWatcher
+from scoring.serving.watcher import Loader, RecentIds, RetrieverLoader, VersionWatcher
 from streamrank.redis.client import redis_client
 from streamrank.settings import ScoringSettings, Settings
 
@@ -27,12 +28,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Dependencies:
-    """What ranking reads: features, embeddings and the model loader (None: the real ones)."""
+    """What ranking reads: features, embeddings and the model loader (None: the real ones);
+    each version's retriever (None: no retrieval index, the hot pool serves retrieval
+    requests) and the hot-item pool (None: the worker's own)."""
 
     features: FeatureSource | None = None
     embeddings: EmbeddingSource | None = None
     loader: Loader | None = None
-    retrieval: RetrievalLoader | None = None  # with the real dependencies: from Redis
+    retrievers: RetrieverLoader | None = None
+    hot: HotItems | None = None
 
 
 def configure_torch(scoring: ScoringSettings) -> None:
@@ -80,7 +84,7 @@ def real_dependencies(
     return features, embeddings, loader
 
 
-def real_retrieval_loader(redis: aioredis.Redis) -> RetrievalLoader:
+def real_retriever_loader(redis: aioredis.Redis) -> RetrieverLoader:
     """Loads a published version's retriever from Redis (None: the version has none)."""
     from scoring.model.registry import load_retriever_from_redis, published_config
 
@@ -108,15 +112,21 @@ def hot_pool(settings: Settings, redis: aioredis.Redis, metrics: ScoringMetrics)
 
 
 def rank_service(
-    settings: Settings, redis: aioredis.Redis, metrics: ScoringMetrics, injected: Dependencies
+    settings: Settings,
+    redis: aioredis.Redis,
+    metrics: ScoringMetrics,
+    injected: Dependencies,
+    *,
+    hot: HotItems | None = None,
 ) -> tuple[VersionWatcher, RankService]:
-    """The version watcher (not started) and the service that ranks with what it serves."""
+    """The version watcher (not started) and the service that ranks with what it serves;
+    ``hot``: the hot-item pool (``injected.hot`` wins; None: an empty one)."""
     s = settings
     features, embeddings, loader = injected.features, injected.embeddings, injected.loader
-    retrieval = injected.retrieval
+    retrievers = injected.retrievers
     if features is None or embeddings is None or loader is None:
         features, embeddings, loader = real_dependencies(s, redis, metrics)
-        retrieval = retrieval or real_retrieval_loader(redis)
+        retrievers = retrievers or real_retriever_loader(redis)
     recent = RecentIds(s.embeddings.cache_warm_top_k)
     watcher = VersionWatcher(
         redis=redis,
@@ -127,7 +137,7 @@ def rank_service(
         recent=recent,
         warm_top_k=s.embeddings.cache_warm_top_k,
         poll_s=s.scoring.poll_s,
-        retrieval_loader=retrieval,
+        retriever_loader=retrievers,
     )
     service = RankService(
         features=features,
@@ -142,5 +152,8 @@ def rank_service(
         log_served=s.topics.served_log is not None,
         recent=recent,
         margin=DeadlineMargin(cap_ms=s.scoring.budget_ms / 2),
+        hot=injected.hot if injected.hot is not None else hot,
+        cascade=s.cascade,
+        result_cache=ResultCache.from_settings(s.cascade, redis=redis, metrics=metrics),
     )
     return watcher, service

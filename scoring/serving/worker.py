@@ -27,10 +27,10 @@ from scoring.serving.hotpool import HotPool
 from scoring.serving.kafka_clients import next_batch, reply_producer, request_consumer
 from scoring.serving.metrics import ScoringMetrics
 from scoring.serving.outgoing import ReplyWriter
-from scoring.serving.protocols import EmbeddingSource, FeatureSource
+from scoring.serving.protocols import EmbeddingSource, FeatureSource, HotItems
 from scoring.serving.service import RankService
 from scoring.serving.triage import Routing, Triage
-from scoring.serving.watcher import Loader, VersionWatcher
+from scoring.serving.watcher import Loader, RetrieverLoader, VersionWatcher
 from scoring.serving.wiring import (
     Dependencies,
     configure_torch,
@@ -65,6 +65,8 @@ class ScoringWorker(GroupWorker):
         embeddings: EmbeddingSource | None = None,
         loader: Loader | None = None,
         health: Health | None = None,
+        retrievers: RetrieverLoader | None = None,
+        hot: HotItems | None = None,
     ) -> None:
         metrics = ScoringMetrics(registry)
         super().__init__(
@@ -74,7 +76,7 @@ class ScoringWorker(GroupWorker):
             group=settings.scoring.group_id,
             topics=[settings.topics.requests],
         )
-        self._injected = Dependencies(features, embeddings, loader)
+        self._injected = Dependencies(features, embeddings, loader, retrievers, hot)
         self._writer = ReplyWriter(metrics=metrics, served_log_topic=settings.topics.served_log)
         self._triage = Triage(
             routing=Routing.from_settings(settings),
@@ -102,7 +104,7 @@ class ScoringWorker(GroupWorker):
         redis = scoring_redis(self.settings)
         self.hot_pool = hot_pool(self.settings, redis, self.metrics)
         self.watcher, self.service = rank_service(
-            self.settings, redis, self.metrics, self._injected
+            self.settings, redis, self.metrics, self._injected, hot=self.hot_pool
         )
         try:
             await self.watcher.refresh()
@@ -148,6 +150,8 @@ class ScoringWorker(GroupWorker):
     async def close(self) -> None:
         if self.watcher is not None:
             await self.watcher.stop()
+        if self.service is not None:
+            await self.service.cascade.cache.drain()  # results written for the group
         if self.hot_pool is not None:
             await self.hot_pool.stop()
         with contextlib.suppress(Exception):  # what was answered is not asked again

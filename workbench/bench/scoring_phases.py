@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from scoring.serving.assemble import assemble, gather
-from scoring.serving.service import forward
+from scoring.serving.deep_rank import forward
 from streamrank.kafka.topics import create_topics
 from streamrank.settings import Settings
 from workbench.bench.cpu import host_busy_seconds, process_cpu_seconds

@@ -18,7 +18,7 @@ from scoring.model.artifact import load_artifact
 from scoring.model.registry import delete_version, load_retriever_from_redis, publish_artifact
 from scoring.serving.metrics import ScoringMetrics
 from scoring.serving.watcher import VersionWatcher
-from scoring.serving.wiring import real_retrieval_loader
+from scoring.serving.wiring import real_retriever_loader
 from streamrank import keys
 from streamrank.errors import ArtifactError
 from streamrank.redis.client import client_for_url
@@ -67,7 +67,7 @@ def test_publish_then_load_the_retriever(
         metrics = ScoringMetrics(CollectorRegistry())
         watcher = VersionWatcher(redis=client, loader=lambda v: v, embeddings=NoEmbeddings(),
                                  metrics=metrics, static_split=f"{version}:1",
-                                 retrieval_loader=real_retrieval_loader(client))  # fmt: skip
+                                 retriever_loader=real_retriever_loader(client))  # fmt: skip
         assert await watcher.refresh()
         assert watcher.current is not None and set(watcher.current.retrievers) == {version}
 
@@ -80,7 +80,7 @@ def test_publish_then_load_the_retriever(
             await load_retriever_from_redis(client, version, config)
         again = VersionWatcher(redis=client, loader=lambda v: v, embeddings=NoEmbeddings(),
                                metrics=metrics, static_split=f"{version}:1",
-                               retrieval_loader=real_retrieval_loader(client))  # fmt: skip
+                               retriever_loader=real_retriever_loader(client))  # fmt: skip
         assert await again.refresh()
         assert again.current is not None and set(again.current.scorers) == {version}
         assert dict(again.current.retrievers) == {}

@@ -212,6 +212,10 @@ async def test_redis_down_gives_degraded_replies_then_back_to_normal(
             assert {r.reason for r in down} <= {reasons.REDIS_UNAVAILABLE, reasons.BREAKER_OPEN}
             assert reasons.BREAKER_OPEN in {r.reason for r in down}  # the breaker opened
             assert all(len(r.scores) == len(items) for r in down)
+            # a retrieval request gets the worker's own hot pool (its last snapshot)
+            pooled = await client.rank("u7", top_k=2, timeout=10)
+            assert pooled.degraded and pooled.items == ("hot-a", "hot-b")
+            assert pooled.reason in {reasons.REDIS_UNAVAILABLE, reasons.BREAKER_OPEN}
             assert worker.metrics.redis_errors._value.get() >= 2
             server.start()
             last: list[object] = []

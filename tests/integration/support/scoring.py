@@ -86,9 +86,10 @@ async def offline_scores(
 
 
 @contextlib.asynccontextmanager
-async def running_worker(settings: Settings) -> AsyncIterator[ScoringWorker]:
-    """A scoring worker with the real dependencies, as a task of this event loop."""
-    worker = ScoringWorker(settings=settings, registry=CollectorRegistry())
+async def running_worker(settings: Settings, **injected: Any) -> AsyncIterator[ScoringWorker]:
+    """A scoring worker with the real dependencies (less those ``injected``, keyword arguments
+    of :class:`ScoringWorker`), as a task of this event loop."""
+    worker = ScoringWorker(settings=settings, registry=CollectorRegistry(), **injected)
     await worker.start()
     task = asyncio.create_task(worker.run())
     try:

@@ -63,3 +63,20 @@ def test_a_batch_is_split_into_requests_to_rank_and_answers_now() -> None:
     assert metrics.registry.get_sample_value("streamrank_scoring_dead_letters_total", {
         "reason": decode_dead_letter(out.outgoing[3].value).reason
     }) == 1  # fmt: skip
+
+
+def test_a_retrieval_request_gets_the_cascade_budget_by_default() -> None:
+    metrics = ScoringMetrics(CollectorRegistry())
+    writer = ReplyWriter(metrics=metrics, served_log_topic=None)
+    routing = Routing(
+        results="rank-results", dead_letters="dead-letters", allowed=(), budget_ms=50,
+        retrieval_budget_ms=100,
+    )  # fmt: skip
+    t = Triage(routing=routing, limits=Limits(), metrics=metrics, writer=writer)
+    records = [
+        record(RankRequest("r1", "u1", ("a",)).to_json(), 0),
+        record(RankRequest("r2", "u1").to_json(), 1),
+        record(RankRequest("r3", "u1", deadline_ms=9).to_json(), 2),
+    ]
+    out = t.batch(records, received=1001)
+    assert out.deadlines == [1050, 1100, 9]

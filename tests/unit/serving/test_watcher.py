@@ -130,7 +130,7 @@ async def test_a_version_without_a_usable_retriever_still_serves(
     metrics = ScoringMetrics()
     watcher = ScriptedWatcher(redis=None,  # type: ignore[arg-type]
                               loader=loader, embeddings=Embeddings([]), metrics=metrics,
-                              retrieval_loader=retrieval)  # fmt: skip
+                              retriever_loader=retrieval)  # fmt: skip
     watcher.pointers = ("a", "a:0.5,b:0.3,c:0.2")
     assert await watcher.refresh()
     assert watcher.current is not None and set(watcher.current.scorers) == {"a", "b", "c"}
@@ -139,7 +139,7 @@ async def test_a_version_without_a_usable_retriever_still_serves(
     assert metrics.retrieval_unavailable.labels("absent")._value.get() == 1
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert any("b serves without retrieval" in m and "index:0 is missing" in m for m in errors)
-    assert any("c has no retrieval model" in m and "--no-retrieval" in m for m in errors)
+    assert any("c serves without retrieval" in m and "--no-retrieval" in m for m in errors)
     # a held version keeps its retriever; nothing is loaded again
     watcher.pointers = ("a", None)
     assert await watcher.refresh()
