@@ -110,6 +110,22 @@ model_dense           string  ``sr:{model:<version>}:dense``: the version's dens
                               Lifetime: until ``streamrank embeddings delete``.
                               Writer: ``streamrank publish`` (scoring.model.registry). Reader:
                               scoring workers loading the version.
+retrieval_chunk       string  ``sr:{model:<version>}:retrieval:<n>``: chunk ``n`` (0-based, a few
+                              MB each) of the version's retrieval model (safetensors bytes: the
+                              item ids in row order, the two-tower item vectors, their primary
+                              categories and the user tower); the chunk count is in the config
+                              (``retrieval.chunks.retrieval``), the joined bytes' sha256 in its
+                              ``files.retrieval``. In the version's slot; written after the dense
+                              weights.
+                              Lifetime: until ``streamrank embeddings delete``.
+                              Writer: ``streamrank publish`` (scoring.model.registry). Readers:
+                              scoring workers loading the version (scoring.model.registry).
+index_chunk           string  ``sr:{model:<version>}:index:<n>``: chunk ``n`` of the version's ANN
+                              index (faiss bytes), as the retrieval chunks (count in
+                              ``retrieval.chunks.index``, sha256 in ``files.index``).
+                              Lifetime: until ``streamrank embeddings delete``.
+                              Writer: ``streamrank publish``. Readers: scoring workers loading
+                              the version.
 model_config          string  ``sr:{model:<version>}:config``: the version's config.json (UTF-8
                               JSON; ``encoding`` = the one its item table was published in);
                               written LAST, so its presence means the version is fully published.
@@ -353,6 +369,21 @@ def category_field(category: str) -> str:
 def model_dense(version: str) -> str:
     """The dense weights (safetensors bytes) of one published model version."""
     return f"{PREFIX}:{{model:{version}}}:dense"
+
+
+def retrieval_chunk(version: str, chunk: int) -> str:
+    """One chunk of the retrieval model of one published model version (its slot)."""
+    return f"{PREFIX}:{{model:{version}}}:retrieval:{chunk}"
+
+
+def index_chunk(version: str, chunk: int) -> str:
+    """One chunk of the ANN index of one published model version (in the version's slot)."""
+    return f"{PREFIX}:{{model:{version}}}:index:{chunk}"
+
+
+def model_chunks_pattern(version: str, what: str) -> str:
+    """SCAN MATCH pattern of the chunks of one model version's ``retrieval`` or ``index``."""
+    return f"{PREFIX}:{{model:{version}}}:{what}:*"
 
 
 def model_config(version: str) -> str:

@@ -9,6 +9,9 @@ Layout of one artifact (never pickle: every tensor file is safetensors)::
     <version>/item_ids.txt           the raw item id of each row, one per line (ids carry no
                                      control characters by contract)
     <version>/test_candidates.jsonl  the offline test lists with history and scores (replay)
+    <version>/retrieval.safetensors  optional: the two-tower item vectors, categories, user tower
+    <version>/index.faiss            optional: the ANN index over those vectors (faiss format)
+    <version>/cascade_test.jsonl     optional: the offline cascade's top-10 per test user
 
 :func:`load_artifact` validates everything (files present, checksums, dims, encoding, ids
 unique, no NaN/Inf, weights load into the model) and raises :class:`ArtifactError` naming what
@@ -35,6 +38,7 @@ from safetensors.torch import save as st_save
 from scoring.embeddings.codec import ENCODINGS
 from scoring.embeddings.validate import NAME_RE
 from scoring.model.din import DenseWeights, DinScorer, ModelSpec
+from scoring.model.retrieval import INDEX_FILE, RETRIEVAL_FILE, RetrievalFiles, Retriever
 from streamrank import keys
 from streamrank.errors import ArtifactError
 
@@ -44,6 +48,7 @@ DENSE_FILE = "dense.safetensors"
 ITEMS_FILE = "items.safetensors"
 IDS_FILE = "item_ids.txt"
 CANDIDATES_FILE = "test_candidates.jsonl"
+CASCADE_FILE = "cascade_test.jsonl"
 # Same rule as the embedding store's names: letters, digits, '.', '_', '-' (no ':' or globs).
 VERSION_RE = NAME_RE
 
@@ -70,6 +75,7 @@ class Artifact:
     item_ids: list[str]
     item_table: npt.NDArray[np.float32]  # [rows, dim]
     oov_row: npt.NDArray[np.float32]  # [dim]
+    retrieval: RetrievalFiles | None = None  # the retrieval model and its index, when trained
 
     @property
     def version(self) -> str:
@@ -83,11 +89,22 @@ class Artifact:
         """The serving scorer of these weights, served as fp32 or int8 (``dense``)."""
         return DinScorer.from_bytes(self.config, self.dense, weights=dense)
 
-    def config_bytes(self, *, encoding: str | None = None) -> bytes:
-        """config.json as published (``encoding`` = the one the item table was published in)."""
+    def retriever(self) -> Retriever:
+        """The version's retriever (ArtifactError when the artifact has no retrieval part)."""
+        if self.retrieval is None:
+            raise ArtifactError(f"artifact {self.path} has no retrieval model (trained without)")
+        return Retriever.from_files(self.retrieval, self.item_ids)
+
+    def config_bytes(
+        self, *, encoding: str | None = None, chunks: Mapping[str, int] | None = None
+    ) -> bytes:
+        """config.json as published (``encoding`` = the one the item table was published in,
+        ``chunks`` = how the retrieval files were cut into Redis values)."""
         config = dict(self.config)
         if encoding is not None:
             config["encoding"] = encoding
+        if chunks is not None and "retrieval" in config:
+            config["retrieval"] = {**config["retrieval"], "chunks": dict(chunks)}
         return json.dumps(config, indent=2, sort_keys=True).encode()
 
 
@@ -105,6 +122,7 @@ def save_artifact(
     metrics: dict[str, Any],
     train: dict[str, Any],
     version: str | None = None,
+    retrieval: RetrievalFiles | None = None,
 ) -> Path:
     """Write ``out_dir/<version>/`` and return its path (the version id is in config.json)."""
     if encoding not in ENCODINGS:
@@ -123,6 +141,14 @@ def save_artifact(
     if path.exists():
         raise ArtifactError(f"artifact {path} already exists; versions are immutable")
     path.mkdir(parents=True)
+    files = {
+        "dense": {"name": DENSE_FILE, "sha256": sha256_bytes(dense)},
+        "items": {"name": ITEMS_FILE, "sha256": sha256_bytes(items)},
+        "item_ids": {"name": IDS_FILE, "sha256": sha256_bytes(ids)},
+    }
+    if retrieval is not None:
+        files["retrieval"] = {"name": RETRIEVAL_FILE, "sha256": sha256_bytes(retrieval.weights)}
+        files["index"] = {"name": INDEX_FILE, "sha256": sha256_bytes(retrieval.index)}
     config = {
         "format": FORMAT,
         "version": version,
@@ -135,11 +161,7 @@ def save_artifact(
             "rows": int(table.shape[0]),
             "dim": int(table.shape[1]),
         },
-        "files": {
-            "dense": {"name": DENSE_FILE, "sha256": sha256_bytes(dense)},
-            "items": {"name": ITEMS_FILE, "sha256": sha256_bytes(items)},
-            "item_ids": {"name": IDS_FILE, "sha256": sha256_bytes(ids)},
-        },
+        "files": files,
         "data": data,
         "train": train,
         "metrics": metrics,
@@ -147,6 +169,10 @@ def save_artifact(
     (path / DENSE_FILE).write_bytes(dense)
     (path / ITEMS_FILE).write_bytes(items)
     (path / IDS_FILE).write_bytes(ids)
+    if retrieval is not None:
+        config["retrieval"] = retrieval.config
+        (path / RETRIEVAL_FILE).write_bytes(retrieval.weights)
+        (path / INDEX_FILE).write_bytes(retrieval.index)
     # config.json last: a directory without it is visibly incomplete.
     (path / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
     return path
@@ -185,6 +211,7 @@ def derive_artifact(
         metrics={},
         train=artifact.config.get("train", {}),
         version=version,
+        retrieval=artifact.retrieval,
     )
 
 
@@ -286,6 +313,30 @@ def load_artifact(ref: str | Path, *, artifacts_dir: Path | None = None) -> Arti
         raise ArtifactError(f"artifact {path}: oov row has NaN/Inf")
     if len(set(item_ids)) != rows:
         raise ArtifactError(f"artifact {path}: {IDS_FILE} has duplicate ids")
-    artifact = Artifact(path, config, spec, dense, item_ids, table, oov)
+    artifact = Artifact(path, config, spec, dense, item_ids, table, oov, _retrieval(path, config))
     artifact.scorer()  # the dense weights must load into the configured model
+    if artifact.retrieval is not None:
+        try:
+            artifact.retriever()  # vectors, index and ids must agree
+        except ArtifactError as exc:
+            raise ArtifactError(f"artifact {path}: {exc}") from exc
     return artifact
+
+
+def _retrieval(path: Path, config: Mapping[str, Any]) -> RetrievalFiles | None:
+    """The artifact's retrieval part (checksums checked), or None when it has none."""
+    section = config.get("retrieval")
+    if section is None:
+        return None
+    files = config["files"]
+    try:
+        weights = _read(path, files["retrieval"]["name"], files["retrieval"]["sha256"])
+        index = _read(path, files["index"]["name"], files["index"]["sha256"])
+    except (KeyError, TypeError) as exc:
+        raise ArtifactError(
+            f"artifact {path}: config.json has a 'retrieval' section but 'files' lacks "
+            f"retrieval/index: {exc!r}"
+        ) from exc
+    if not isinstance(section, dict):
+        raise ArtifactError(f"artifact {path}: config.json 'retrieval' must be an object")
+    return RetrievalFiles(config=section, weights=weights, index=index)

@@ -2,7 +2,8 @@
 
 ``publish``: validate the whole artifact first (:func:`scoring.model.artifact.load_artifact`), then the
 item table goes into the embedding store (table ``item``; the store writes its meta last), then the
-dense weights, then config.json LAST. A version counts as published only once its config key
+retrieval model and its ANN index (in chunks of :data:`CHUNK_BYTES`), the dense weights, and
+config.json LAST. A version counts as published only once its config key
 exists, so a crash part-way leaves nothing a reader or ``activate`` would accept; running
 ``publish`` again completes it (an item table already in the store with the same rows, dim and
 encoding is kept).
@@ -10,8 +11,11 @@ encoding is kept).
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -23,12 +27,18 @@ from scoring.model.artifact import Artifact
 from scoring.model.canary import parse_split
 from scoring.model.din import DenseWeights, DinScorer, ModelSpec, features_of
 from scoring.model.features import check_servable
+from scoring.model.retrieval import RetrievalFiles, Retriever
 from streamrank import keys
 from streamrank.errors import ArtifactError, EmbeddingError, UnknownVersion
+from streamrank.redis.client import unlink_matching
 from streamrank.redis.errors import redis_call
 from streamrank.settings import FeatureSettings
 
 logger = logging.getLogger(__name__)
+
+CHUNK_BYTES = 4 * 1024 * 1024  # one Redis value per few MB: no value of hundreds of MB
+CHUNKS_PER_CALL = 8  # chunks per pipeline or MGET
+CHUNKED = {"retrieval": keys.retrieval_chunk, "index": keys.index_chunk}
 
 
 async def publish_artifact(
@@ -75,13 +85,91 @@ async def publish_artifact(
             "encoding": meta.encoding,
             "resumed": True,
         }
+    chunks = None
+    if artifact.retrieval is not None:
+        chunks = await _publish_retrieval(redis, version, artifact.retrieval)
     pipe = redis.pipeline(transaction=False)
     pipe.set(keys.model_dense(version), artifact.dense)
-    pipe.set(keys.model_config(version), artifact.config_bytes(encoding=enc))  # last
+    pipe.set(keys.model_config(version), artifact.config_bytes(encoding=enc, chunks=chunks))  # last
     await pipe.execute()
     logger.info("published %s (%s rows, %s)", version, rows, enc)
-    return {"version": version, "encoding": enc, "item_table": table_report,
-            "dense_bytes": len(artifact.dense)}  # fmt: skip
+    out: dict[str, Any] = {"version": version, "encoding": enc, "item_table": table_report,
+                           "dense_bytes": len(artifact.dense)}  # fmt: skip
+    if artifact.retrieval is not None and chunks is not None:
+        index = artifact.retrieval.config.get("index", {})
+        out["retrieval"] = {"index": index.get("kind"), "index_bytes": len(artifact.retrieval.index),
+                               "weights_bytes": len(artifact.retrieval.weights), "chunks": chunks}  # fmt: skip
+    return out
+
+
+def _cut(data: bytes) -> list[bytes]:
+    return [data[i : i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)] or [b""]
+
+
+async def _publish_retrieval(
+    redis: aioredis.Redis, version: str, files: RetrievalFiles
+) -> dict[str, int]:
+    """Write the retrieval model and index chunks; returns the chunk counts for the config."""
+    counts: dict[str, int] = {"bytes": CHUNK_BYTES}
+    for what, data in (("retrieval", files.weights), ("index", files.index)):
+        parts = _cut(data)
+        for start in range(0, len(parts), CHUNKS_PER_CALL):
+            pipe = redis.pipeline(transaction=False)
+            for n, part in enumerate(parts[start : start + CHUNKS_PER_CALL], start=start):
+                pipe.set(CHUNKED[what](version, n), part)
+            await pipe.execute()
+        counts[what] = len(parts)
+    return counts
+
+
+async def load_retriever_from_redis(
+    redis: aioredis.Redis, version: str, config: Mapping[str, Any]
+) -> Retriever | None:
+    """The retriever of a published version (``config``: its config.json), or None when the
+    version has no retrieval model. A missing or corrupt chunk, or files that do not agree, is
+    an :class:`ArtifactError` naming the version and what to do."""
+    section = config.get("retrieval")
+    if section is None:
+        return None
+    redo = (f"delete the version (`streamrank embeddings delete {version}`) and publish it "
+            "again, or activate a version with a retrieval model")  # fmt: skip
+    blobs: dict[str, bytes] = {}
+    try:
+        for what in CHUNKED:
+            blobs[what] = await _read_chunks(redis, version, what, int(section["chunks"][what]))
+            expected = config["files"][what]["sha256"]
+            if hashlib.sha256(blobs[what]).hexdigest() != expected:
+                raise ArtifactError(
+                    f"the {what} chunks of model version {version!r} in Redis are corrupt "
+                    f"(sha256 differs from its config); {redo}"
+                )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ArtifactError(
+            f"the published config of model version {version!r} lacks the retrieval chunk "
+            f"counts or checksums ({exc!r}); {redo}"
+        ) from exc
+    files = RetrievalFiles(config=section, weights=blobs["retrieval"], index=blobs["index"])
+    try:
+        # deserialising the index of a large catalogue takes a while: off the event loop
+        return await asyncio.to_thread(Retriever.from_files, files)
+    except ArtifactError as exc:
+        raise ArtifactError(f"model version {version!r}: {exc}; {redo}") from exc
+
+
+async def _read_chunks(redis: aioredis.Redis, version: str, what: str, count: int) -> bytes:
+    parts: list[bytes] = []
+    for start in range(0, count, CHUNKS_PER_CALL):
+        names = [
+            CHUNKED[what](version, n) for n in range(start, min(start + CHUNKS_PER_CALL, count))
+        ]
+        for name, value in zip(names, await redis.mget(names), strict=True):
+            if value is None:
+                raise ArtifactError(
+                    f"model version {version!r}: {name} is missing in Redis; delete the version "
+                    f"(`streamrank embeddings delete {version}`) and publish it again"
+                )
+            parts.append(value if isinstance(value, bytes) else value.encode())
+    return b"".join(parts)
 
 
 def _parse_config(raw: bytes | str, version: str) -> dict[str, Any]:
@@ -176,6 +264,8 @@ async def delete_version(store: EmbeddingStore, version: str, *, force: bool = F
                 f"({_text(split)!r}); take it out of the split first (or pass force)"
             )
         deleted = int(await redis.unlink(keys.model_config(version), keys.model_dense(version)))
+        for what in CHUNKED:
+            deleted += await unlink_matching(redis, keys.model_chunks_pattern(version, what))
         known, table_keys = await store.delete_version_keys(version)
     if not known and deleted + table_keys == 0:
         raise UnknownVersion(f"embedding version {version!r} is not published; nothing deleted")

@@ -108,6 +108,14 @@ class ScoringMetrics(GroupMetrics):
             "no_model meanwhile).",
             registry=r,
         )
+        self.retrieval_unavailable = Counter(
+            "streamrank_scoring_retrieval_unavailable",
+            "Model versions loaded without a retriever, by reason (absent: trained without one; "
+            "load_failed: a chunk missing or corrupt, or files that disagree); their requests "
+            "without items get the hot-item pool.",
+            ["reason"],
+            registry=r,
+        )
         self.cascade_fallbacks = Counter(
             "streamrank_cascade_fallbacks",
             "Retrieval requests answered by a fallback rung, by the stage that fell back "

@@ -5,6 +5,11 @@ When the target changes it loads the scorers of versions it does not hold yet fr
 warms the embedding cache for them with the ids recently served, and only then swaps the one
 :class:`Serving` reference the worker reads at the start of each batch: a batch is scored
 entirely by the state it started with, and no request waits for a load.
+
+A version without a usable retriever (trained without one, or its index fails to load) still
+serves: it is left out of :attr:`Serving.retrievers`, logged and counted
+(``streamrank_scoring_retrieval_unavailable``), and its requests without items get the
+hot-item pool. A retriable error (Redis down) fails the switch, which the next poll retries.
 """
 
 from __future__ import annotations
@@ -141,18 +146,35 @@ class VersionWatcher:
                 found = self._retriever_loader(version)
                 if inspect.isawaitable(found):
                     found = await found
-            except Exception as exc:  # the version still serves: retrieval falls back
-                logger.error(
-                    "the retrieval index of %s cannot be loaded (%s); its retrieval requests "
-                    "get the hot-item pool",
-                    version,
-                    exc,
-                    exc_info=not isinstance(exc, StreamrankError),
-                )
+            except StreamrankError as exc:
+                if exc.retriable:
+                    raise  # Redis is down: the whole switch is tried again at the next poll
+                self._no_retriever(version, "load_failed", str(exc))
                 continue
-            if found is not None:
+            except Exception as exc:  # the version still serves: retrieval falls back
+                logger.exception("the retrieval index of %s cannot be loaded", version)
+                self._no_retriever(version, "load_failed", repr(exc))
+                continue
+            if found is None:
+                self._no_retriever(
+                    version,
+                    "absent",
+                    "it has no retrieval model; train a version with one (`streamrank train` "
+                    "without --no-retrieval), publish and activate it",
+                )
+            else:
                 out[version] = found
         return out
+
+    def _no_retriever(self, version: str, reason: str, why: str) -> None:
+        """Log and count a version that serves without a retriever."""
+        logger.error(
+            "model version %s serves without retrieval (its requests without items get the "
+            "hot-item pool): %s",
+            version,
+            why,
+        )
+        self._metrics.retrieval_unavailable.labels(reason).inc()
 
     async def refresh(self) -> bool:
         """One poll; returns True when the serving state changed. Raises on Redis errors."""

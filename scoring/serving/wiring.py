@@ -40,12 +40,15 @@ class Dependencies:
 
 
 def configure_torch(scoring: ScoringSettings) -> None:
-    """Torch thread pools from the settings (inter-op can only be set once per process)."""
+    """Torch and faiss thread pools from the settings (inter-op can only be set once per
+    process)."""
+    import faiss
     import torch
 
     torch.set_num_threads(scoring.torch_threads)
     with contextlib.suppress(RuntimeError):
         torch.set_num_interop_threads(scoring.torch_interop_threads)
+    faiss.omp_set_num_threads(scoring.index_threads)
 
 
 def scoring_redis(settings: Settings) -> aioredis.Redis:
@@ -81,6 +84,18 @@ def real_dependencies(
     return features, embeddings, loader
 
 
+def real_retriever_loader(redis: aioredis.Redis) -> RetrieverLoader:
+    """Loads a published version's retriever from Redis (None: the version has none)."""
+    from scoring.model.registry import load_retriever_from_redis, published_config
+
+    async def load(version: str) -> Any:
+        return await load_retriever_from_redis(
+            redis, version, await published_config(redis, version)
+        )
+
+    return load
+
+
 def hot_pool(settings: Settings, redis: aioredis.Redis, metrics: ScoringMetrics) -> HotPool:
     """The hot-item pool (not started): ``cascade.hot_pool`` items of the ``cascade.hot_window``
     item window, re-read every ``cascade.hot_refresh_s``."""
@@ -108,8 +123,10 @@ def rank_service(
     ``hot``: the hot-item pool (``injected.hot`` wins; None: an empty one)."""
     s = settings
     features, embeddings, loader = injected.features, injected.embeddings, injected.loader
+    retrievers = injected.retrievers
     if features is None or embeddings is None or loader is None:
         features, embeddings, loader = real_dependencies(s, redis, metrics)
+        retrievers = retrievers or real_retriever_loader(redis)
     recent = RecentIds(s.embeddings.cache_warm_top_k)
     watcher = VersionWatcher(
         redis=redis,
@@ -120,7 +137,7 @@ def rank_service(
         recent=recent,
         warm_top_k=s.embeddings.cache_warm_top_k,
         poll_s=s.scoring.poll_s,
-        retriever_loader=injected.retrievers,
+        retriever_loader=retrievers,
     )
     service = RankService(
         features=features,

@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from scoring.training.data import Dataset, time_order
+from scoring.training.data import Dataset, Samples, time_order
 from scoring.training.train import TrainConfig, TrainResult
 
 # The whole log as clicks, in (ts, event_id) order: what a replay of a version with counters
@@ -46,6 +46,39 @@ def feature_spec(ds: Dataset, cfg: TrainConfig, result: TrainResult) -> dict[str
     }
 
 
+def history_events(ds: Dataset, test: Samples, u: int) -> list[dict[str, Any]]:
+    """Test user ``u``'s history as click events, oldest first (``ts`` in epoch ms)."""
+    return [
+        {
+            "event_id": f"{r:08d}",
+            "item_id": ds.items[ds.item_index[r]],
+            "category": ds.item_category(int(ds.item_index[r])),
+            "ts": int(ds.ts[r]) * 1000,
+        }
+        for r in test.hist_rows[u][test.hist_mask[u]].tolist()
+    ]
+
+
+def write_cascade(path: Path, ds: Dataset, result: TrainResult) -> int:
+    """One JSON line per test user: the request time, the history, and the offline cascade's
+    reply (items best first, their DIN probabilities) and held-out item (docs/model.md)."""
+    assert result.retrieval is not None
+    test, cascade = result.split.test, result.retrieval.cascade
+    with open(path, "wb") as fh:
+        for u in range(len(test)):
+            line = {
+                "user_id": str(test.user[u]),
+                "ts": int(test.ts[u]),
+                "history": history_events(ds, test, u),
+                "attributes": ds.users.get(str(test.user[u]), {}),
+                "items": cascade.items[u],
+                "scores": [round(x, 7) for x in cascade.scores[u]],
+                "positive": ds.items[int(test.cand[u, 0])],
+            }
+            fh.write(orjson.dumps(line) + b"\n")
+    return len(test)
+
+
 def write_test_candidates(path: Any, ds: Dataset, result: TrainResult) -> int:
     """One JSON line per test user: the sample time, candidates, labels, the history used, the
     raw feature values the version's model saw, offline scores."""
@@ -59,22 +92,12 @@ def write_test_candidates(path: Any, ds: Dataset, result: TrainResult) -> int:
     items = ds.items
     with open(path, "wb") as fh:
         for u in range(len(test)):
-            rows = test.hist_rows[u][test.hist_mask[u]].tolist()
-            history = [
-                {
-                    "event_id": f"{r:08d}",
-                    "item_id": items[ds.item_index[r]],
-                    "category": ds.item_category(int(ds.item_index[r])),
-                    "ts": int(ds.ts[r]) * 1000,
-                }
-                for r in rows
-            ]
             line: dict[str, Any] = {
                 "user_id": str(test.user[u]),
                 "ts": int(test.ts[u]),
                 "items": [items[i] for i in test.cand[u].tolist()],
                 "labels": test.label[u].astype(int).tolist(),
-                "history": history,
+                "history": history_events(ds, test, u),
                 "features": {k: v[u].tolist() for k, v in raw.items()},
                 "attributes": ds.users.get(str(test.user[u]), {}),
                 "categories": [ds.item_category(i) for i in test.cand[u].tolist()],
@@ -88,7 +111,7 @@ def export_artifact(
     result: TrainResult, ds: Dataset, cfg: TrainConfig, out_dir: Any, *, encoding: str
 ) -> Path:
     """Write the versioned DIN artifact (weights, item table, config.json, test candidates)."""
-    from scoring.model.artifact import CANDIDATES_FILE, save_artifact
+    from scoring.model.artifact import CANDIDATES_FILE, CASCADE_FILE, save_artifact
     from scoring.model.din import dense_state
 
     tower = result.din.tower
@@ -109,10 +132,17 @@ def export_artifact(
             "users": len(np.unique(ds.user_ids)),
             "items": len(ds.items),
         },
-        metrics={k: result.metrics[k] for k in ("test", "selected", "auc_by_encoding", "goals")},
+        metrics={
+            k: result.metrics[k]
+            for k in ("test", "selected", "auc_by_encoding", "goals", "full_ranking")
+            if k in result.metrics
+        },
         train=cfg.to_json(),
+        retrieval=result.retrieval.files if result.retrieval else None,
     )
     write_test_candidates(path / CANDIDATES_FILE, ds, result)
+    if result.retrieval is not None:
+        write_cascade(path / CASCADE_FILE, ds, result)
     if result.din.features.counters:
         write_events(path / EVENTS_FILE, ds)
     return path

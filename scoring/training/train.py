@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -27,8 +27,10 @@ from scoring.model.features import COUNTERS, FAMILIES, FeatureSpec
 from scoring.model.side import SideArrays, SideInputs
 from scoring.training.data import Dataset, Samples, Split, attribute_vocab, build_samples
 from scoring.training.evaluation import auc, gauc
+from scoring.training.fullrank import RetrievalRun, din_model, run_protocol
 from scoring.training.pointintime import LogIndex, side_values
 from scoring.training.timesplit import TimeSplit, build_time_split
+from scoring.training.twotower import RetrievalConfig
 from streams.windows import Window
 
 logger = logging.getLogger(__name__)
@@ -52,6 +54,8 @@ class TrainConfig:
     time_split: bool = True  # also fit and report the time-split protocol
     sequence_baseline: bool = True  # also fit DIN on the sequence alone (the features' baseline)
     spec: ModelSpec = field(default_factory=ModelSpec)
+    # the two-tower retrieval model and the full-ranking figures; None: neither
+    retrieval: RetrievalConfig | None = field(default_factory=RetrievalConfig)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -68,6 +72,7 @@ class TrainConfig:
             "patience": self.patience,
             "time_split": self.time_split,
             "sequence_baseline": self.sequence_baseline,
+            "retrieval": self.retrieval.to_json() if self.retrieval else None,
         }
 
     @property
@@ -276,6 +281,7 @@ class TrainResult:
     item_table: npt.NDArray[np.float32]  # [n_items, d] DIN's materialised item vectors
     test_scores: dict[str, npt.NDArray[np.float32]]  # model -> [U, C]
     metrics: dict[str, Any]
+    retrieval: RetrievalRun | None = None  # the version's retrieval model (leave-last-out)
 
 
 def _metric_pair(labels: npt.NDArray[np.float32], scores: npt.NDArray[Any]) -> dict[str, float]:
@@ -341,9 +347,11 @@ def _time_split(ds: Dataset, cfg: TrainConfig, bar: tqdm, index: LogIndex | None
         return {**found, "not_run": "a split is empty: too few users active across the cutoff"}
     rankers, inputs, logs = fit_variants(ds, split, cfg, bar=bar, index=index)
     _, metrics = test_metrics(split, rankers, inputs)
+    full = _full_ranking(ds, split, rankers[select_din(cfg, logs)], cfg, index, not bar.disable)
     return {
         **found,
         "test": metrics,
+        "full_ranking": full.report if full else None,
         "best_epoch": {name: log["best_epoch"] for name, log in logs.items()},
         "samples": {
             "train": len(split.train),
@@ -352,6 +360,21 @@ def _time_split(ds: Dataset, cfg: TrainConfig, bar: tqdm, index: LogIndex | None
         },
         "seconds": round(time.perf_counter() - started, 1),
     }
+
+
+def _full_ranking(
+    ds: Dataset, split: Split, ranker: Ranker, cfg: TrainConfig, index: LogIndex | None,
+    progress: bool,
+) -> RetrievalRun | None:  # fmt: skip
+    """The two towers trained on ``split`` and every method ranked over all items (DIN: the
+    split's selected variant, through the serving scorer)."""
+    if cfg.retrieval is None:
+        return None
+    assert isinstance(ranker.net, DIN)
+    din = din_model(ranker.net, ranker.tower.export(), ranker.features, cfg.windows, index)
+    spec = replace(cfg.retrieval.spec, history_len=cfg.history_len)  # the DIN's history cut
+    rcfg = replace(cfg.retrieval, spec=spec)
+    return run_protocol(ds, split, din, rcfg, seed=cfg.seed, progress=progress)
 
 
 def _train_and_evaluate(ds: Dataset, cfg: TrainConfig, *, progress: bool) -> TrainResult:
@@ -400,11 +423,16 @@ def _train_and_evaluate(ds: Dataset, cfg: TrainConfig, *, progress: bool) -> Tra
         "train_seconds": round(train_s, 1),
         "eval_seconds": round(time.perf_counter() - started - train_s - other_s, 1),
     }
+    retrieval = _full_ranking(ds, split, rankers[chosen], cfg, index, progress)
+    metrics["full_ranking"] = {
+        "leave_last_out": retrieval.report if retrieval else None,
+        "time_split": (time_split or {}).pop("full_ranking", None),
+    }
     metrics["goals"] = goals(metrics["test"], chosen, by_encoding, time_split)
     version_scores = {"din": served, "base": scores["base"], "popularity": scores["popularity"]}
     return TrainResult(
         rankers[chosen], rankers["base"], split, inputs[chosen]["test"], table, version_scores,
-        metrics,
+        metrics, retrieval,
     )  # fmt: skip
 
 

@@ -197,6 +197,12 @@ class ScoringSettings(Section):
     poll_s: float = Field(
         1.0, gt=0, description="How often the scoring worker polls the model version pointers."
     )
+    index_threads: int = Field(
+        1,
+        ge=1,
+        description="OpenMP threads of the retrieval index's searches (faiss) per scoring "
+        "worker; 1, as the worker scores one batch at a time and scales with processes.",
+    )
 
 
 class OutcomeSettings(Section):

@@ -34,6 +34,7 @@ def _train(args: argparse.Namespace, settings: Settings) -> int:
         bucket_s=(settings.features.counter_bucket_s, settings.features.counter_coarse_bucket_s),
         patience=args.patience,
         time_split=not args.no_time_split,
+        retrieval=None if args.no_retrieval else retrieval_config(args, settings),
     )
     result = train_and_evaluate(ds, cfg, progress=not args.no_progress)
     out = args.out or settings.tools.artifacts_dir
@@ -57,6 +58,7 @@ def _train(args: argparse.Namespace, settings: Settings) -> int:
         "serving_vs_forward_max_abs_diff": m["serving_vs_forward_max_abs_diff"],
         "samples": m["samples"],
         "time_split": m["time_split"],
+        "full_ranking": m["full_ranking"],
         "best_epoch": {k: v["best_epoch"] for k, v in m["training"].items()},
         "train": cfg.to_json(),
         "train_seconds": m["train_seconds"],
@@ -80,8 +82,49 @@ def _train(args: argparse.Namespace, settings: Settings) -> int:
     print(
         "din auc by encoding: " + ", ".join(f"{k} {v:.4f}" for k, v in m["auc_by_encoding"].items())
     )
+    _print_full_ranking(m["full_ranking"])
     print("goals: " + ", ".join(f"{k}={v}" for k, v in m["goals"].items()))
     return 0
+
+
+def _print_full_ranking(full: dict[str, Any]) -> None:
+    """HR@10 / NDCG@10 / recall@200 over all items, one line per method and protocol."""
+    for protocol, report in full.items():
+        if not report:
+            continue
+        print(f"full ranking, {protocol} ({report['users']} users, {report['items']} items):")
+        for method, vals in report.items():
+            if isinstance(vals, dict) and "hr@10" in vals:
+                print(f"  {method:<12}hr@10 {vals['hr@10']:.4f}  ndcg@10 {vals['ndcg@10']:.4f}  "
+                      f"recall@200 {vals['recall@200']:.4f}  ({vals['seconds']} s)")  # fmt: skip
+
+
+def retrieval_config(args: argparse.Namespace, settings: Settings) -> Any:
+    """The two-tower model, its index and the offline cascade, from the flags and settings."""
+    from scoring.model.ann import IndexOptions
+    from scoring.model.retrieval import RetrievalSpec
+    from scoring.training.twotower import RetrievalConfig
+
+    return RetrievalConfig(
+        spec=RetrievalSpec(dim=args.retrieval_dim, history_len=settings.features.sequence_length),
+        index=IndexOptions(kind=args.index),
+        cascade=cascade_config(settings),
+    )
+
+
+def cascade_config(settings: Settings) -> Any:
+    """The offline cascade with the serving widths and the default scene's rule."""
+    from scoring.model.cascade import Widths
+    from scoring.training.cascade_eval import CascadeConfig
+
+    c = settings.cascade
+    rule = c.rule("default")
+    return CascadeConfig(
+        widths=Widths(retrieve=c.retrieve, coarse=c.coarse, rerank=c.rerank_window),
+        top_k=rule.top_k or c.top_k,
+        filter_seen=rule.filter_seen,
+        category_cap=rule.category_cap,
+    )
 
 
 async def _redis(settings: Settings) -> Any:
@@ -144,6 +187,7 @@ def _activate(args: argparse.Namespace, settings: Settings) -> int:
 
 def register(sub: Any) -> None:
     from scoring.embeddings.codec import ENCODINGS
+    from scoring.model.ann import INDEX_KINDS
     from scoring.model.features import FAMILIES
 
     train = sub.add_parser(
@@ -187,6 +231,12 @@ def register(sub: Any) -> None:
     train.add_argument(
         "--threads", type=int, default=None, help="torch threads (setting torch_threads)"
     )
+    train.add_argument("--no-retrieval", action="store_true",
+                       help="skip the two-tower retrieval model, its index and the full-ranking figures")  # fmt: skip
+    train.add_argument("--retrieval-dim", type=int, default=32,
+                       help="dimension of the retrieval vectors")  # fmt: skip
+    train.add_argument("--index", default="auto", choices=INDEX_KINDS,
+                       help="ANN index kind (auto: exact up to 200,000 items, else HNSW)")  # fmt: skip
     train.add_argument("--no-progress", action="store_true")
     train.add_argument("--json", action="store_true", help="print one JSON object")
     train.set_defaults(func=_train, setting_flags={"threads": "STREAMRANK_TORCH_THREADS"})

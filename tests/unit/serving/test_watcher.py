@@ -110,3 +110,38 @@ def test_recent_ids_keep_the_newest_within_capacity_and_sample() -> None:
     for batch in (["a"], ["b"], ["c"]):
         sampled.add(batch)
     assert sampled.newest() == ["c", "a"]
+
+
+async def test_a_version_without_a_usable_retriever_still_serves(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from streamrank.errors import ArtifactError
+
+    held = object()
+
+    async def retrieval(version: str) -> Any:
+        if version == "b":
+            raise ArtifactError(f"model version {version!r}: sr:{{model:b}}:index:0 is missing")
+        return None if version == "c" else held
+
+    async def loader(version: str) -> Scorer:
+        return Scorer(version)
+
+    metrics = ScoringMetrics()
+    watcher = ScriptedWatcher(redis=None,  # type: ignore[arg-type]
+                              loader=loader, embeddings=Embeddings([]), metrics=metrics,
+                              retriever_loader=retrieval)  # fmt: skip
+    watcher.pointers = ("a", "a:0.5,b:0.3,c:0.2")
+    assert await watcher.refresh()
+    assert watcher.current is not None and set(watcher.current.scorers) == {"a", "b", "c"}
+    assert dict(watcher.current.retrievers) == {"a": held}
+    assert metrics.retrieval_unavailable.labels("load_failed")._value.get() == 1
+    assert metrics.retrieval_unavailable.labels("absent")._value.get() == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any("b serves without retrieval" in m and "index:0 is missing" in m for m in errors)
+    assert any("c serves without retrieval" in m and "--no-retrieval" in m for m in errors)
+    # a held version keeps its retriever; nothing is loaded again
+    watcher.pointers = ("a", None)
+    assert await watcher.refresh()
+    assert dict(watcher.current.retrievers) == {"a": held}
+    assert metrics.retrieval_unavailable.labels("load_failed")._value.get() == 1
