@@ -88,6 +88,8 @@ def load_figures(stats: RunStats) -> dict[str, Any]:
     out["worker_ms"] = percentiles([stats.worker_ms[r] for r in stats.answered()
                                     if r in stats.worker_ms])  # fmt: skip
     out["degraded_by_reason"] = dict(stats.reasons)
+    answered = out["answered"]
+    out["undegraded_share"] = round(1 - stats.degraded / answered, 4) if answered else None
     return out
 
 
@@ -205,6 +207,8 @@ async def saturate(driver: Driver, proc: ChildProcess, requests: list[Request]) 
     wall = time.perf_counter() - wall0
     cpu = process_cpu_seconds(proc.pid) - cpu0
     out = {"max_rps": round(rps, 1), **load_figures(stats)}
+    share = out["undegraded_share"] or 0.0
+    out["undegraded_rps"] = round(rps * share, 1)  # the full cascade's replies per second
     out["worker_cpu_ms_per_request"] = round(cpu * 1000 / max(1, len(stats.got)), 2)
     out["host_busy_cores"] = round((host_busy_seconds() - host0) / wall, 2)
     logger.info("cascade saturated: %s", out)

@@ -97,6 +97,7 @@ def test_load_figures_keep_the_stages_in_cascade_order_and_the_reasons() -> None
     assert list(out["stages"]) == ["retrieval", "rank", "queue_wait", "total"]
     assert out["worker_ms"] == {"p50_ms": 8.0, "p99_ms": 8.0}
     assert out["degraded_by_reason"] == {"rank_skipped": 1} and out["answered"] == 1
+    assert out["undegraded_share"] == 1.0  # the count, not the reasons, says how many
 
 
 def test_verdict_needs_every_request_answered_within_the_budget_at_half_load() -> None:
