@@ -84,7 +84,8 @@ async def run_cascade_replay(
         rs = rs.with_env(**cascade_env(cfg))
         await create_topics(rs)
         mark = time.perf_counter()
-        kw: dict[str, Any] = {"max_history": max_history, "progress": progress}
+        threads = settings.scoring.torch_threads
+        kw: dict[str, Any] = {"max_history": max_history, "threads": threads, "progress": progress}
         expected = offline_cascade(artifact, cases, events, cfg, encoding=enc, dense=dense, **kw)
         fp32 = offline_cascade(artifact, cases, events, cfg, encoding="fp32", **kw)
         seconds["offline"] = time.perf_counter() - mark
@@ -189,9 +190,10 @@ def cascade_report(
          "offline_scores": list(expected[1][u])}
         for u in got.pop("mismatched")[:SHOWN_MISMATCHES]
     ]  # fmt: skip
+    fp32_replies = [_Reply(i, s) for i, s in zip(*fp32, strict=True)]
     file_lists: Lists = ([c.items for c in cases], [c.file_scores for c in cases])
-    file_check = compare_lists(file_lists, [_Reply(i, s) for i, s in zip(*fp32, strict=True)])
-    file_check.pop("mismatched")
+    file_check = compare_lists(file_lists, fp32_replies)
+    encoded_check = compare_lists(expected, fp32_replies)
     online_lists = [r.items if r is not None else () for r in results]
     hr = f"hr@{top_k}"
     return {
@@ -212,6 +214,7 @@ def cascade_report(
             "offline_fp32": hit_rate(fp32[0], positives),
         },
         "offline_fp32_vs_artifact": {k: file_check[k] for k in ("same_items", "max_abs_diff")},
+        "offline_vs_offline_fp32": {"same_items": encoded_check["same_items"]},
         "client_latency_ms": {
             "p50": _pct(replayed.latencies, 50),
             "p99": _pct(replayed.latencies, 99),

@@ -89,6 +89,9 @@ def _cascade_summary(report: dict[str, Any]) -> str:
         f"- offline| {'n/a' if diff is None else f'{diff:.2e}'} (tolerance "
         f"{report['tolerance']:.0e}); {hr} offline {report[hr]['offline']} online "
         f"{report[hr]['online']} (fp32 {report[hr]['offline_fp32']})",
+        f"offline on the fp32 table: {report['offline_fp32_vs_artifact']['same_items']}/"
+        f"{report['users']} lists as the artifact's file; as the {report['encoding']} table's: "
+        f"{report['offline_vs_offline_fp32']['same_items']}/{report['users']}",
     ]
     for m in report["mismatches"]:
         lines.append(f"  user {m['user_id']}: offline {m['offline']} online {m['online']}")

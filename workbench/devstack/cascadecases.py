@@ -180,11 +180,35 @@ def offline_cascade(
     encoding: str,
     max_history: int,
     dense: DenseWeights = "fp32",
+    threads: int = 1,
     progress: bool = False,
 ) -> CascadeResult:
     """The offline cascade's reply per case, with the DIN item table put through ``encoding``
     and back (``"fp32"``: the table as trained, what ``cascade_test.jsonl`` records) and the
-    dense weights served as ``dense``; ``events``: the log the counters count."""
+    dense weights served as ``dense``; ``events``: the log the counters count. Torch runs on
+    ``threads`` threads meanwhile (the worker's setting: more only slow the small forwards)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _offline_cascade(artifact, cases, events, cfg, encoding=encoding,
+                                max_history=max_history, dense=dense, progress=progress)  # fmt: skip
+    finally:
+        torch.set_num_threads(before)
+
+
+def _offline_cascade(
+    artifact: Any,
+    cases: Sequence[Case],
+    events: Sequence[ClickEvent],
+    cfg: CascadeConfig,
+    *,
+    encoding: str,
+    max_history: int,
+    dense: DenseWeights,
+    progress: bool,
+) -> CascadeResult:
     from scoring.embeddings.codec import roundtrip
     from scoring.training.fullrank import DinModel, din_cascade, histories
     from scoring.training.pointintime import LogIndex

@@ -179,6 +179,8 @@ def test_cascade_replay_of_a_version_with_counters_reproduces_the_offline_cascad
     # the offline pass on the fp32 table reproduces the artifact's file
     assert report["offline_fp32_vs_artifact"]["same_items"] == len(cases)
     assert report["offline_fp32_vs_artifact"]["max_abs_diff"] < 1e-6
+    # ... which is not the reference: on the int8 table some users' lists differ
+    assert report["offline_vs_offline_fp32"]["same_items"] < len(cases)
     # the run's user keys are gone
     client = stack.sync_redis()
     assert not list(client.scan_iter(match=keys.user_keys_pattern(f"{report['run']}-*")))

@@ -142,6 +142,7 @@ def test_the_report_is_consistent_only_when_every_list_matches() -> None:
     # the fp32 pass against the file: the same lists, but the file's scores are 0.5
     fp32_vs_file = report["offline_fp32_vs_artifact"]
     assert fp32_vs_file["same_items"] == 2 and fp32_vs_file["max_abs_diff"] == pytest.approx(0.4)
+    assert report["offline_vs_offline_fp32"] == {"same_items": 2}
     bad = {
         "swapped": [good[0], _reply(["d", "c"], [0.7, 0.6])],
         "far": [good[0], _reply(["c", "d"], [0.7, 0.5])],
