@@ -6,10 +6,11 @@
    clicks); published + activated;
 3. a features worker and a scoring worker as child processes (logs under ``run_dir/demo``);
 4. clicks produced continuously (the dataset's events in time order, ts = now) and rank
-   requests for many users (the dataset's users, 20 candidates each); every few seconds either
+   requests for many users (the dataset's users: half with 20 candidates each, half without,
+   so the engine retrieves them through the cascade); every few seconds either
    the live dashboard of ``streamrank top`` (``--view top``, the default) or how one user's
-   sequence fills up and a RankRequest for that user with the reply's top items, model
-   version, degraded flag and timings (``--view user``).
+   sequence fills up, a RankRequest for that user with the reply's top items, model
+   version, degraded flag and timings, and the cascade's top items for them (``--view user``).
 
 Ctrl-C (SIGINT) or SIGTERM stops the workers, then the stack if the demo started it.
 """
@@ -208,15 +209,20 @@ def _metrics_port(settings: Settings, kind: str) -> int:
 
 
 def rank_requests(ds: Any, *, seed: int = 1) -> Iterator[RankRequest]:
-    """Rank requests for the dataset's users (uniformly), each with 20 random candidates."""
+    """Rank requests for the dataset's users (uniformly): every other one with 20 random
+    candidates, the rest without (the cascade retrieves the top 10)."""
     rng = np.random.default_rng(seed)
     users = np.unique(ds.user_ids)
     tag = uuid.uuid4().hex[:6]
     for n in range(1_000_000_000):
+        user = str(users[int(rng.integers(len(users)))])
+        if n % 2:
+            yield RankRequest(request_id=f"demo-{tag}-{n}", user_id=user, top_k=10)
+            continue
         picks = rng.choice(len(ds.items), size=min(CANDIDATES, len(ds.items)), replace=False)
         yield RankRequest(
             request_id=f"demo-{tag}-{n}",
-            user_id=str(users[int(rng.integers(len(users)))]),
+            user_id=user,
             items=tuple(ds.items[int(i)] for i in picks),
         )
 
@@ -267,23 +273,25 @@ async def _show_features(settings: Settings, user: str) -> None:
     )
 
 
-async def _show_rank(client: Any, user: str, items: list[str], later: set[str]) -> None:
+async def _show_rank(client: Any, user: str, items: list[str] | None, later: set[str]) -> None:
+    """One ranking for ``user``: of ``items``, or (None) retrieved by the cascade."""
     from scoring.client import RankRejected, RankTimeout
 
     started = time.perf_counter()
     try:
-        result = await client.rank(user, items, timeout=10.0)
+        result = await client.rank(user, items, top_k=None if items else 5, timeout=10.0)
     except (RankTimeout, RankRejected) as exc:
         print(f"rank: user {user}: no ranking ({exc})", flush=True)
         return
     client_ms = (time.perf_counter() - started) * 1000
     stages = ", ".join(f"{k} {v:.1f}" for k, v in result.timings_ms.items() if k != "total")
     reason = f" ({result.reason})" if result.reason else ""
+    what = f"top of {len(items)} candidates" if items else "the cascade's top 5 of the catalogue"
     print(
         f"rank: user {user} -> model {result.model_version or '-'}, "
-        f"degraded={result.degraded}{reason}, worker {result.timings_ms.get('total', 0):.1f} ms "
-        f"({stages}), round trip {client_ms:.1f} ms; top of {len(items)} candidates "
-        "(* = the user clicks it later in the stream):",
+        f"degraded={result.degraded}{reason}, cached={result.cached}, worker "
+        f"{result.timings_ms.get('total', 0):.1f} ms ({stages}), round trip {client_ms:.1f} ms; "
+        f"{what} (* = the user clicks it later in the stream):",
         flush=True,
     )
     ranked = sorted(zip(result.scores, result.items, strict=True), reverse=True)[:5]
@@ -427,7 +435,9 @@ async def _produce_and_watch(
                     else:
                         print(f"clicks: {produced} produced, {asked} rank requests", flush=True)
                         await _show_features(settings, watched[0])
-                        await _show_rank(client, *watched)
+                        user, items, later = watched
+                        await _show_rank(client, user, items, later)
+                        await _show_rank(client, user, None, later)
                 await asyncio.sleep(0.05)
         finally:
             if dashboard is not None:

@@ -238,3 +238,16 @@ def run_protocol(
     figures, cascade = full_ranking(ds, split.test, split.train_item_counts, retriever=retriever,
                                     din=din, cascade=cfg.cascade, progress=progress)  # fmt: skip
     return RetrievalRun(retriever, files, {**figures, "retrieval_model": trained}, cascade)
+
+
+def cascade_goals(full_ranking: dict[str, dict[str, Any] | None]) -> dict[str, bool]:
+    """Per protocol: the cascade's HR@10 within 2% (relative) of DIN brute force over all
+    items, and at least 1.25x popularity's."""
+    out: dict[str, bool] = {}
+    for protocol, report in full_ranking.items():
+        if not report:
+            continue
+        hr = {name: report[name]["hr@10"] for name in ("cascade", "din", "popularity")}
+        out[f"cascade_hr10_within_2pct_of_din_{protocol}"] = hr["cascade"] >= 0.98 * hr["din"]
+        out[f"cascade_hr10_1.25x_popularity_{protocol}"] = hr["cascade"] >= 1.25 * hr["popularity"]
+    return out

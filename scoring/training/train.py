@@ -27,7 +27,7 @@ from scoring.model.features import COUNTERS, FAMILIES, FeatureSpec
 from scoring.model.side import SideArrays, SideInputs
 from scoring.training.data import Dataset, Samples, Split, attribute_vocab, build_samples
 from scoring.training.evaluation import auc, gauc
-from scoring.training.fullrank import RetrievalRun, din_model, run_protocol
+from scoring.training.fullrank import RetrievalRun, cascade_goals, din_model, run_protocol
 from scoring.training.pointintime import LogIndex, side_values
 from scoring.training.timesplit import TimeSplit, build_time_split
 from scoring.training.twotower import RetrievalConfig
@@ -428,7 +428,10 @@ def _train_and_evaluate(ds: Dataset, cfg: TrainConfig, *, progress: bool) -> Tra
         "leave_last_out": retrieval.report if retrieval else None,
         "time_split": (time_split or {}).pop("full_ranking", None),
     }
-    metrics["goals"] = goals(metrics["test"], chosen, by_encoding, time_split)
+    metrics["goals"] = {
+        **goals(metrics["test"], chosen, by_encoding, time_split),
+        **cascade_goals(metrics["full_ranking"]),
+    }
     version_scores = {"din": served, "base": scores["base"], "popularity": scores["popularity"]}
     return TrainResult(
         rankers[chosen], rankers["base"], split, inputs[chosen]["test"], table, version_scores,

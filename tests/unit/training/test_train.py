@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -143,3 +144,22 @@ def test_train_refuses_an_unknown_encoding_before_training(
     assert info.value.code == 2
     assert "invalid choice: 'int4'" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_cascade_goals_compare_hr10_with_din_and_popularity_per_protocol() -> None:
+    from scoring.training.fullrank import cascade_goals
+
+    def report(cascade: float, din: float, pop: float) -> dict[str, Any]:
+        return {"cascade": {"hr@10": cascade}, "din": {"hr@10": din},
+                "popularity": {"hr@10": pop}}  # fmt: skip
+
+    out = cascade_goals(
+        {"leave_last_out": report(0.099, 0.1, 0.05), "time_split": report(0.09, 0.1, 0.08)}
+    )
+    assert out == {
+        "cascade_hr10_within_2pct_of_din_leave_last_out": True,
+        "cascade_hr10_1.25x_popularity_leave_last_out": True,
+        "cascade_hr10_within_2pct_of_din_time_split": False,
+        "cascade_hr10_1.25x_popularity_time_split": False,
+    }
+    assert cascade_goals({"leave_last_out": None}) == {}

@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+
+import numpy as np
+
+from workbench.demo import CANDIDATES, rank_requests
+
+
+def test_demo_traffic_mixes_candidate_requests_and_retrieval_requests() -> None:
+    items = [f"i{n}" for n in range(100)]
+    ds = SimpleNamespace(user_ids=np.array(["u1", "u2", "u3"]), items=items)
+    requests = list(itertools.islice(rank_requests(ds, seed=3), 40))
+    retrieval = [r for r in requests if r.retrieves]
+    scored = [r for r in requests if not r.retrieves]
+    assert len(retrieval) == len(scored) == 20
+    assert all(r.top_k == 10 and r.items == () for r in retrieval)
+    assert all(len(r.items) == len(set(r.items)) == CANDIDATES for r in scored)
+    assert {r.user_id for r in requests} <= {"u1", "u2", "u3"}
+    assert len({r.request_id for r in requests}) == 40
