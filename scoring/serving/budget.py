@@ -1,5 +1,6 @@
 """Each cascade stage's time: its own budget, cut by the request's deadline less what the stages
-after it need; and running a CPU-bound stage on a worker thread that the stage stops waiting
+after it must have (the deep model has a rung of its own, the coarse order, so no time is set
+aside for it); and running a CPU-bound stage on a worker thread that the stage stops waiting
 for when its time is up (faiss and torch release the GIL, so the event loop keeps serving)."""
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from streamrank.settings import CascadeSettings
 T = TypeVar("T")
 
 STAGES = ("retrieval", "filter", "coarse", "rank", "rerank")  # in the order they run
+# Stages that can be skipped without losing the reply (rank -> the coarse order): an earlier
+# stage does not go short to keep time for them.
+SKIPPABLE = frozenset({"rank"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,13 +32,13 @@ class StageBudgets:
         return cls(dict(cascade.budgets_ms()))
 
     def after(self, stage: str) -> float:
-        """What the stages after ``stage`` need, ms."""
+        """What the stages after ``stage`` must have, ms (the skippable ones: nothing)."""
         later = STAGES[STAGES.index(stage) + 1 :]
-        return sum(self.ms[s] for s in later)
+        return sum(self.ms[s] for s in later if s not in SKIPPABLE)
 
     def allowance_ms(self, stage: str, *, now_ms: float, deadline_ms: float) -> float:
         """The time ``stage`` may take from ``now_ms``: its budget, or less when the deadline
-        leaves less once the later stages' budgets are set aside; 0 = no time at all."""
+        leaves less once the later stages' needs are set aside; 0 = no time at all."""
         left = deadline_ms - now_ms - self.after(stage)
         return max(0.0, min(self.ms[stage], left))
 

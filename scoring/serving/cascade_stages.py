@@ -6,6 +6,7 @@ the offline evaluation; the orchestration (budgets, fallbacks, the deep model) i
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,11 +28,24 @@ def user_vectors(retriever: Retriever, histories: Sequence[Sequence[str]]) -> np
     return np.asarray(retriever.user_vectors(histories), dtype=np.float32)
 
 
-def search(retriever: Retriever, users: np.ndarray, n: int) -> list[list[str]]:
-    """Each user's ``n`` nearest items, best first, as raw ids (padding dropped)."""
-    rows, _scores = retriever.search(users, n)  # [B, n]
+def search(
+    retriever: Retriever, users: np.ndarray, n: int, *, end: float = float("inf")
+) -> list[list[str] | None]:
+    """Each user's ``n`` nearest items, best first, as raw ids (padding dropped), one user at a
+    time while the last search's time still fits before ``end`` (a ``time.perf_counter``
+    value): the users not reached get None (each falls back on its own, and a late stage stops
+    using the CPU)."""
     ids = retriever.item_ids
-    return [[ids[r] for r in row if r >= 0] for row in np.asarray(rows).tolist()]
+    out: list[list[str] | None] = [None] * len(users)
+    took = 0.0
+    for b in range(len(users)):
+        started = time.perf_counter()
+        if started + took >= end:
+            break
+        rows, _scores = retriever.search(users[b : b + 1], n)  # [1, n]
+        out[b] = [ids[r] for r in np.asarray(rows)[0].tolist() if r >= 0]
+        took = time.perf_counter() - started
+    return out
 
 
 def with_hot(

@@ -64,6 +64,9 @@ logger = logging.getLogger(__name__)
 
 Bound = Callable[[], asyncio.Timeout]
 _LOG_EVERY_S = 5.0
+# The search loop stops before a search it would not finish in time; this covers the one
+# search a misjudged estimate lets run past the end, so the users searched so far still count.
+SEARCH_GRACE_S = 0.002
 
 
 @dataclass(slots=True)
@@ -219,18 +222,25 @@ class Cascade:
                 for job, user in zip(group, users, strict=True):
                     job.user = user
                 found = await in_thread(
-                    functools.partial(search, retriever, users, self._widths.retrieve),
-                    timeout_s=end - time.perf_counter(),
+                    functools.partial(search, retriever, users, self._widths.retrieve, end=end),
+                    timeout_s=end - time.perf_counter() + SEARCH_GRACE_S,
                 )
             except Exception as exc:  # late or failing: the hot pool
                 self._late("retrieval", exc, len(group))
-                self._fall_back(group, "retrieval", reasons.RETRIEVAL_FALLBACK)
-                for job in group:
-                    job.candidates = list(hot)
+                found = [None] * len(group)
             else:
-                s = self._settings
-                for job, ids in zip(group, found, strict=True):
-                    job.candidates = with_hot(ids, hot, retrieve=s.retrieve, hot_merge=s.hot_merge)
+                if None in found:  # out of time part-way: the rest fall back one by one
+                    self._late("retrieval", TimeoutError(), found.count(None))
+            late = [job for job, ids in zip(group, found, strict=True) if ids is None]
+            if late:
+                self._fall_back(late, "retrieval", reasons.RETRIEVAL_FALLBACK)
+            s = self._settings
+            for job, ids in zip(group, found, strict=True):
+                job.candidates = (
+                    list(hot)
+                    if ids is None
+                    else with_hot(ids, hot, retrieve=s.retrieve, hot_merge=s.hot_merge)
+                )
         _timed(group, "retrieval", t0)
 
     def _filter(self, job: Job) -> None:

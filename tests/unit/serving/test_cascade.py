@@ -16,6 +16,7 @@ from schemas import RankRequest, reasons
 from scoring.model.cascade import best, filter_candidates, merge_candidates, rerank
 from scoring.model.features import FeatureSpec
 from scoring.serving.breaker import CircuitBreaker
+from scoring.serving.budget import StageBudgets
 from scoring.serving.metrics import ScoringMetrics
 from scoring.serving.result_cache import ResultCache
 from scoring.serving.service import Incoming, RankService
@@ -42,9 +43,12 @@ CATEGORY = {item: CATS[k % 4] for k, item in enumerate(ITEMS)}
 HOT = ("i39", "i38", "i01", "i37", "i36", "i35")
 SEQ = {"u1": [Event("i01", 1, "e1"), Event("i02", 2, "e2"), Event("i03", 3, "e3")]}
 FAR = 2**62
+# Budgets far above what a loaded test host needs: only the tests about lateness set short ones.
 SETTINGS = CascadeSettings(
-    retrieve=20, coarse=8, rerank_window=6, top_k=4, scenes={"home": {"category_cap": 1}}
-)
+    retrieve=20, coarse=8, rerank_window=6, top_k=4, scenes={"home": {"category_cap": 1}},
+    budget_ms=60_000, budget_retrieval_ms=5_000, budget_filter_ms=5_000,
+    budget_coarse_ms=5_000, budget_rank_ms=5_000, budget_rerank_ms=5_000,
+)  # fmt: skip
 
 
 class SlowScorer(MeanDotScorer):
@@ -229,12 +233,15 @@ async def test_no_index_or_a_failing_one_falls_back_to_the_hot_pool(index: str) 
 
 
 async def test_a_deadline_too_close_for_retrieval_skips_it_without_searching() -> None:
-    """Fake clock: the deadline leaves less than the later stages' budgets, so retrieval gets
-    no time at all and is not started."""
+    """Fake clock: the deadline leaves less than the later stages must have (filter, coarse,
+    rerank: rank can be skipped), so retrieval gets no time at all and is not started."""
     now = [1_000_000]
     found = retriever()
     rig = Rig(serving(found), clock_ms=lambda: now[0])
-    later = sum(SETTINGS.budgets_ms().values()) - SETTINGS.budget_retrieval_ms
+    later = StageBudgets.from_settings(SETTINGS).after("retrieval")
+    assert later == sum(SETTINGS.budgets_ms().values()) - (
+        SETTINGS.budget_retrieval_ms + SETTINGS.budget_rank_ms
+    )
     r = (await rig.one(RankRequest("r1", "u1"), deadline=now[0] + int(later) - 1)).result
     assert r.reason == reasons.RETRIEVAL_FALLBACK and found.searches == 0
 

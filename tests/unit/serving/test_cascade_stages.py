@@ -78,9 +78,11 @@ def test_the_rerank_caps_categories_from_the_retriever_and_returns_top_k() -> No
 
 def test_a_stage_gets_its_budget_or_what_the_deadline_leaves_after_the_later_stages() -> None:
     budgets = StageBudgets.from_settings(CascadeSettings())  # 15, 5, 10, 40, 10 ms
-    assert budgets.after("retrieval") == 65 and budgets.after("rerank") == 0
+    # rank can be skipped (the coarse order), so no earlier stage goes short for it
+    assert budgets.after("retrieval") == 25 and budgets.after("coarse") == 10
+    assert budgets.after("rerank") == 0
     assert budgets.allowance_ms("retrieval", now_ms=0, deadline_ms=1000) == 15
-    assert budgets.allowance_ms("retrieval", now_ms=0, deadline_ms=75) == 10
+    assert budgets.allowance_ms("retrieval", now_ms=0, deadline_ms=35) == 10
     assert budgets.allowance_ms("rank", now_ms=0, deadline_ms=30) == 20
     assert budgets.allowance_ms("rank", now_ms=40, deadline_ms=30) == 0
 
@@ -95,3 +97,17 @@ async def test_a_thread_stage_is_not_waited_for_past_its_timeout() -> None:
     with pytest.raises(TimeoutError):
         await in_thread(lambda: ran.append(1), timeout_s=0.0)
     assert ran == []  # no time: never started
+
+
+def test_search_stops_before_a_search_it_would_not_finish_and_leaves_the_rest_to_fall_back() -> (
+    None
+):
+    from tests.unit.serving.cascade_fakes import SlowRetriever
+
+    r = SlowRetriever(ITEMS, delay_s=0.03)
+    users = user_vectors(r, [["i0"], ["i1"], ["i2"], ["i3"]])
+    found = search(r, users, 3, end=time.perf_counter() + 0.045)
+    # the first search took 30 ms; a second one would end past 45 ms, so it is not started
+    assert found[0] is not None and found[0][0] == "i0"
+    assert found[1:] == [None, None, None]
+    assert search(r, users[:1], 3, end=time.perf_counter() - 1) == [None]  # no time: no search
