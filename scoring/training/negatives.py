@@ -18,15 +18,17 @@ split's positive order. Deterministic for a seed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from scoring.model.retrieval import Retriever
-from scoring.training.data import Dataset, IntArray, Samples
+from scoring.training.data import Dataset, IntArray, Samples, Split
+from scoring.training.fullrank import TrainedRetriever
 from scoring.training.pointintime import EventCounts
+from scoring.training.twotower import RetrievalConfig, train_retriever
 from streamrank.errors import ConfigError
 
 SOURCES = ("uniform", "popularity", "hard")
@@ -39,7 +41,7 @@ class NegativeMix:
     """How many negatives of each source per train positive, and the sources' parameters."""
 
     uniform: int = 1
-    popularity: int = 0
+    popularity: int = 3
     hard: int = 0
     alpha: float = 0.75  # popularity exponent
     hard_top: int = 200  # hard negatives come from the retriever's best this many
@@ -213,7 +215,7 @@ def with_negatives(
     pos = np.flatnonzero(train.label > 0.5)
     if len(pos) * 2 != len(train) or not np.all(train.label[pos + 1] < 0.5):
         raise ValueError("train samples must be [positive, negative] pairs")
-    if mix == NegativeMix(alpha=mix.alpha, hard_top=mix.hard_top) or len(pos) == 0:
+    if mix.total == mix.uniform == 1 or len(pos) == 0:
         return train
     if mix.hard and retriever is None:
         raise ConfigError("hard negatives need the retrieval model: drop --no-retrieval")
@@ -235,3 +237,19 @@ def with_negatives(
     rep = lambda a: np.repeat(a, group, axis=0)  # noqa: E731
     return Samples(rep(positives.user), rep(positives.hist), rep(positives.hist_mask),
                    rep(positives.hist_rows), cand, label, rep(positives.ts))  # fmt: skip
+
+
+def with_towers(
+    ds: Dataset, split: Split, mix: NegativeMix, rcfg: RetrievalConfig | None, *, seed: int,
+    before_ms: int | None, progress: bool,
+) -> tuple[Split, TrainedRetriever | None]:  # fmt: skip
+    """The split's towers (``rcfg`` None: none), trained on its train samples first (the hard
+    negatives' source), and the split with ``mix``'s train negatives."""
+    towers = None
+    if rcfg is not None:
+        towers = train_retriever(
+            ds, split.train, split.train_item_counts, rcfg, seed=seed, progress=progress
+        )
+    train = with_negatives(ds, split.train, mix, seed=seed, before_ms=before_ms,
+                           retriever=towers[0] if towers else None)  # fmt: skip
+    return replace(split, train=train), towers

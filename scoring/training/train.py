@@ -34,10 +34,10 @@ from scoring.training.fullrank import (
     din_model,
     run_protocol,
 )
-from scoring.training.negatives import NegativeMix, with_negatives
+from scoring.training.negatives import NegativeMix, with_towers
 from scoring.training.pointintime import LogIndex, side_values
 from scoring.training.timesplit import TimeSplit, build_time_split
-from scoring.training.twotower import RetrievalConfig, train_retriever
+from scoring.training.twotower import RetrievalConfig
 from streams.windows import Window
 
 logger = logging.getLogger(__name__)
@@ -354,7 +354,8 @@ def _time_split(ds: Dataset, cfg: TrainConfig, bar: tqdm, index: LogIndex | None
     found = {"cutoff_ms": built.cutoff_ms, "counts": built.counts}
     if min(len(built.train), len(built.valid), len(built.test)) == 0:
         return {**found, "not_run": "a split is empty: too few users active across the cutoff"}
-    split, towers = prepare(ds, built, cfg, before_ms=built.cutoff_ms, progress=not bar.disable)
+    split, towers = with_towers(ds, built, cfg.train_negatives, _retrieval_config(cfg),
+                                seed=cfg.seed, before_ms=built.cutoff_ms, progress=not bar.disable)  # fmt: skip
     rankers, inputs, logs = fit_variants(ds, split, cfg, bar=bar, index=index)
     _, metrics = test_metrics(split, rankers, inputs)
     full = _full_ranking(ds, split, rankers[select_din(cfg, logs)], cfg, index, towers,
@@ -380,22 +381,6 @@ def _retrieval_config(cfg: TrainConfig) -> RetrievalConfig | None:
     return replace(cfg.retrieval, spec=spec)
 
 
-def prepare(
-    ds: Dataset, split: Split, cfg: TrainConfig, *, before_ms: int | None, progress: bool
-) -> tuple[Split, TrainedRetriever | None]:
-    """The two towers trained on the split's train samples first (the hard negatives' source),
-    then the train samples with the configured negatives."""
-    rcfg = _retrieval_config(cfg)
-    towers = None
-    if rcfg is not None:
-        towers = train_retriever(
-            ds, split.train, split.train_item_counts, rcfg, seed=cfg.seed, progress=progress
-        )
-    train = with_negatives(ds, split.train, cfg.train_negatives, seed=cfg.seed,
-                           before_ms=before_ms, retriever=towers[0] if towers else None)  # fmt: skip
-    return replace(split, train=train), towers
-
-
 def _full_ranking(
     ds: Dataset, split: Split, ranker: Ranker, cfg: TrainConfig, index: LogIndex | None,
     towers: TrainedRetriever | None, progress: bool,
@@ -418,7 +403,8 @@ def _train_and_evaluate(ds: Dataset, cfg: TrainConfig, *, progress: bool) -> Tra
     )
     if len(split.train) == 0 or len(split.test) == 0:
         raise ValueError("not enough data: every user needs at least 4 events")
-    split, towers = prepare(ds, split, cfg, before_ms=None, progress=progress)
+    split, towers = with_towers(ds, split, cfg.train_negatives, _retrieval_config(cfg),
+                                seed=cfg.seed, before_ms=None, progress=progress)  # fmt: skip
     index = LogIndex.build(ds) if "counters" in cfg.families else None
     batches = -(-len(split.train) // cfg.batch_size) * cfg.epochs * len(variants(cfg))
     with tqdm(total=batches * (1 + cfg.time_split), desc="train", unit="batch",
