@@ -71,7 +71,7 @@ def test_leave_last_out_mix_is_grouped_seeded_and_never_a_rated_item(synthetic: 
 
 def test_uniform_one_is_the_split_as_built(synthetic: Dataset) -> None:
     split = build_samples(synthetic, history_len=10, n_negatives=5, seed=3)
-    same = with_negatives(synthetic, split.train, NegativeMix(), seed=3, before_ms=None)
+    same = with_negatives(synthetic, split.train, NegativeMix(popularity=0), seed=3, before_ms=None)
     assert same is split.train
     with pytest.raises(ConfigError, match="retrieval"):
         with_negatives(synthetic, split.train, NegativeMix.parse("hard:1"), seed=3, before_ms=None)
