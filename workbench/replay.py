@@ -92,9 +92,11 @@ async def _rank_all(
     concurrency: int,
     timeout_s: float,
     progress: bool,
+    top_k: int | None = None,
 ) -> tuple[list[Any], list[float]]:
-    """One RankRequest per user (at most ``concurrency`` in flight); replies in case order
-    (None where no reply came) and the client-observed latencies in ms."""
+    """One RankRequest per user (at most ``concurrency`` in flight): its candidates, or with
+    ``top_k`` a retrieval request (no items); replies in case order (None where no reply came)
+    and the client-observed latencies in ms."""
     from scoring.client import RankClient, RankRejected, RankTimeout
 
     results: list[Any] = [None] * len(cases)
@@ -108,8 +110,8 @@ async def _rank_all(
                     started = time.perf_counter()
                     try:
                         results[i] = await client.rank(
-                            f"{run}-{case.user_id}", case.items, request_id=f"{run}-req-{i}",
-                            ts=case.ts,
+                            f"{run}-{case.user_id}", None if top_k else case.items,
+                            top_k=top_k, request_id=f"{run}-req-{i}", ts=case.ts,
                         )  # fmt: skip
                         latencies.append((time.perf_counter() - started) * 1000)
                     except (RankTimeout, RankRejected) as exc:
@@ -168,7 +170,7 @@ async def run_replay(
     dense = settings.scoring.dense_weights
     redis = redis_client(settings.redis)
     try:
-        version, enc = await _publish(
+        version, enc = await publish(
             redis, artifact, encoding=encoding, activate=activate, run=run, progress=progress
         )
         log = None
@@ -184,7 +186,7 @@ async def run_replay(
             fp32=offline_scores(artifact, cases, encoding="fp32", max_history=max_history),
         )
         seconds["offline"] = time.perf_counter() - mark
-        replayed = await _through_workers(
+        replayed = await through_workers(
             rs, redis, cases, run=run, max_history=max_history, concurrency=concurrency,
             apply_timeout_s=apply_timeout_s, request_timeout_s=request_timeout_s,
             progress=progress, seconds=seconds, log=log,
@@ -211,7 +213,7 @@ async def run_replay(
     return report
 
 
-async def _publish(
+async def publish(
     redis: Any, artifact: Any, *, encoding: str | None, activate: bool, run: str, progress: bool
 ) -> tuple[str, str]:
     """The artifact published (when it is not yet) and, with ``activate``, made the serving
@@ -227,7 +229,7 @@ async def _publish(
     return version, enc
 
 
-async def _through_workers(
+async def through_workers(
     rs: Settings,
     redis: Any,
     cases: Sequence[Case],
@@ -240,10 +242,13 @@ async def _through_workers(
     progress: bool,
     seconds: dict[str, float],
     log: ReplayLog | None = None,
+    top_k: int | None = None,
+    categories: dict[str, str] | None = None,
 ) -> Replayed:
     """A features and a scoring worker of the run's own, the clicks (the test histories, or the
-    whole log for a version with counters) replayed and applied, the attributes loaded, then the
-    rank requests; the workers are stopped at the end."""
+    whole log for a version with counters) replayed and applied, the attributes (and the item
+    ``categories``) loaded, then the rank requests (retrieval ones with ``top_k``); the workers
+    are stopped at the end."""
     from workbench.devstack.processes import start_worker
 
     logs = Path(rs.tools.run_dir) / run
@@ -264,7 +269,7 @@ async def _through_workers(
         )
         if log is not None:
             await delete_keys(redis, item_keys(events, rs.features))  # a crashed run's counts
-        await load_attributes(redis, cases, run=run)
+        await load_attributes(redis, cases, run=run, categories=categories)
         mark = time.perf_counter()
         await produce_clicks(rs, events, progress=progress)
         seconds["produce"] = time.perf_counter() - mark
@@ -278,7 +283,7 @@ async def _through_workers(
         mark = time.perf_counter()
         results, latencies = await _rank_all(
             rs, cases, run=run, concurrency=concurrency,
-            timeout_s=request_timeout_s, progress=progress,
+            timeout_s=request_timeout_s, progress=progress, top_k=top_k,
         )  # fmt: skip
         seconds["rank"] = time.perf_counter() - mark
         return Replayed(len(events), results, latencies)

@@ -3,10 +3,11 @@
 Per request: the result cache first (same user, scene, version and sequence version: the
 stored reply, ``cached: true``, no stage runs); else, the requests of one version together,
 retrieval (the version's index: user vectors, then the nearest ``retrieve`` items, merged with
-the first ``hot_merge`` hot items) -> filter (seen items per the scene's rule, the request's
-``exclude``) -> coarse (dot product with the user vector, best ``coarse``) -> rank (the deep
-model over the survivors: their features in one more read per batch when the version uses
-counters, one embedding lookup, one forward) -> rerank (the scene's category cap, ``top_k``).
+the first ``hot_merge`` hot items) -> filter (the items of the history the model reads, per the
+scene's rule; the request's ``exclude``) -> coarse (dot product with the user vector, best
+``coarse``) -> rank (the deep model over the survivors: their features in one more read per
+batch when the version uses counters, one embedding lookup, one forward) -> rerank (the scene's
+category cap, ``top_k``).
 
 Each stage runs against its budget and the request's deadline (:mod:`.budget`); the CPU stages
 (search, the forward) run on a worker thread that is no longer waited for when its time is up.
@@ -234,7 +235,8 @@ class Cascade:
 
     def _filter(self, job: Job) -> None:
         t0 = time.perf_counter()
-        seen = {e.item_id for e in job.events} if job.rule.filter_seen else set()
+        # the history window the model reads (as offline), not all the worker stores
+        seen = {e.item_id for e in job.history} if job.rule.filter_seen else set()
         exclude = set(job.request.exclude)
         job.candidates = filter_candidates(job.candidates, seen=seen, exclude=exclude)
         _timed([job], "filter", t0)

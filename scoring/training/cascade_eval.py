@@ -9,6 +9,7 @@ checks the online cascade against this one).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -36,6 +37,22 @@ class CascadeConfig:
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "widths": asdict(self.widths)}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> CascadeConfig:
+        """The inverse of :meth:`to_json` (what config.json records under
+        ``retrieval.train.cascade``); ValueError naming what is wrong."""
+        try:
+            w = raw["widths"]
+            return cls(
+                widths=Widths(int(w["retrieve"]), int(w["coarse"]), int(w["rerank"])),
+                top_k=int(raw["top_k"]),
+                filter_seen=bool(raw["filter_seen"]),
+                category_cap=int(raw["category_cap"]),
+            )
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"not a cascade config (widths, top_k, filter_seen, "
+                             f"category_cap): {exc!r}") from exc  # fmt: skip
 
 
 @dataclass(frozen=True)

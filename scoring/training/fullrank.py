@@ -146,6 +146,27 @@ def din_all_items(
     return out
 
 
+def din_cascade(
+    ds: Dataset,
+    test: Samples,
+    retriever: Retriever,
+    users: FloatArray,
+    din: DinModel,
+    cascade: CascadeConfig,
+    *,
+    width: int,
+    progress: bool = False,
+) -> CascadeResult:
+    """The whole cascade for the test users (``users [U, D]``: their vectors) with ``din`` on
+    the survivors: what ``streamrank train`` evaluates, and what a replay reproduces online
+    with the item table as published."""
+    scored = lambda rows, valid, part: din_scores(ds, sample_rows(test, part), din, rows, valid)  # noqa: E731
+    history = histories(ds, test)
+    return run_cascade(
+        ds, test, retriever, users, history, scored, cascade, width=width, progress=progress
+    )
+
+
 def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     started = time.perf_counter()
     value = fn()
@@ -175,10 +196,9 @@ def full_ranking(
     pop = np.broadcast_to(item_counts.astype(np.float32), (len(test), n_items))
     popular, pop_s = _timed(lambda: top_rows(masked(pop), RECALL_AT))
     brute, din_s = _timed(lambda: din_all_items(ds, test, din, seen, progress=progress))
-    scored = lambda rows, valid, part: din_scores(ds, sample_rows(test, part), din, rows, valid)  # noqa: E731
     whole, cascade_s = _timed(
-        lambda: run_cascade(
-            ds, test, retriever, users, history, scored, cascade, width=RECALL_AT, progress=progress
+        lambda: din_cascade(
+            ds, test, retriever, users, din, cascade, width=RECALL_AT, progress=progress
         )
     )
     report = {

@@ -25,7 +25,7 @@ import tempfile
 import time
 import tracemalloc
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,22 +57,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=7)
 
 
-def day_of_clicks(args: argparse.Namespace, coarse: Window) -> list[tuple[int, np.ndarray]]:
+def day_of_clicks(
+    args: argparse.Namespace, coarse: Window, *, as_of_ms: int = AS_OF_MS
+) -> list[tuple[int, np.ndarray]]:
     """Per coarse bucket of the day before the as-of time, the clicked items (indices, one per
     click): Zipf over a shuffled catalogue."""
     rng = np.random.default_rng(args.seed)
     weights = 1.0 / np.arange(1, args.items + 1) ** args.zipf
     weights /= weights.sum()
     by_rank = rng.permutation(args.items)
-    starts = list(closed_buckets(AS_OF_MS, coarse))
+    starts = list(closed_buckets(as_of_ms, coarse))
     per = args.clicks // len(starts)
     return [(s, by_rank[rng.choice(args.items, size=per, p=weights)]) for s in starts]
 
 
-async def write_buckets(redis: Any, res: int, start: int, clicked: np.ndarray) -> int:
-    """HSET one bucket's counts into its shards' hashes; the fields written."""
+async def write_buckets(
+    redis: Any, res: int, start: int, clicked: np.ndarray, names: Sequence[str] | None = None
+) -> int:
+    """HSET one bucket's counts into its shards' hashes; the fields written. Item k is
+    ``names[k]`` (default ``i{k}``)."""
     items, counts = np.unique(clicked, return_counts=True)
-    ids = [f"i{k}" for k in items.tolist()]
+    ids = [f"i{k}" if names is None else names[k] for k in items.tolist()]
     shards = np.array([zlib.crc32(i.encode()) % keys.ITEM_COUNTER_SHARDS for i in ids])
     pipe = redis.pipeline(transaction=False)
     for shard in range(keys.ITEM_COUNTER_SHARDS):
@@ -85,19 +90,29 @@ async def write_buckets(redis: Any, res: int, start: int, clicked: np.ndarray) -
 
 
 async def populate(
-    redis: Any, args: argparse.Namespace, fine: Window, coarse: Window
+    redis: Any,
+    args: argparse.Namespace,
+    fine: Window,
+    coarse: Window,
+    *,
+    as_of_ms: int = AS_OF_MS,
+    names: Sequence[str] | None = None,
 ) -> dict[str, int]:
+    """The day's clicks before ``as_of_ms`` in the item counter buckets (item k named
+    ``names[k]``, default ``i{k}``); the fields written per window."""
     rng = np.random.default_rng(args.seed + 1)
     fields = {"24h": 0, "1h": 0}
-    last_hour = list(closed_buckets(AS_OF_MS, fine))
-    for start, clicked in day_of_clicks(args, coarse):
-        fields["24h"] += await write_buckets(redis, coarse.resolution_s, start, clicked)
+    last_hour = list(closed_buckets(as_of_ms, fine))
+    for start, clicked in day_of_clicks(args, coarse, as_of_ms=as_of_ms):
+        fields["24h"] += await write_buckets(redis, coarse.resolution_s, start, clicked, names)
         inside = [f for f in last_hour if start <= f < start + coarse.resolution_s]
         if inside:  # the last hour: its clicks in the fine buckets too
             slot = rng.integers(0, len(inside), size=len(clicked))
             for k, fine_start in enumerate(inside):
                 part = clicked[slot == k]
-                fields["1h"] += await write_buckets(redis, fine.resolution_s, fine_start, part)
+                fields["1h"] += await write_buckets(
+                    redis, fine.resolution_s, fine_start, part, names
+                )
     return fields
 
 
@@ -133,29 +148,36 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 async def one_window(
-    redis: Any, args: argparse.Namespace, settings: Settings, window: Window
+    redis: Any,
+    args: argparse.Namespace,
+    settings: Settings,
+    window: Window,
+    *,
+    as_of_ms: int = AS_OF_MS,
 ) -> dict[str, Any]:
-    full = [await timed(redis, lambda: read_hot_items(redis, window, as_of_ms=AS_OF_MS, n=args.pool))
+    """A whole read of ``window`` and the incremental reader's first read and refreshes, as of
+    ``as_of_ms``: times, bytes, loop stalls and the memory the reader holds."""
+    full = [await timed(redis, lambda: read_hot_items(redis, window, as_of_ms=as_of_ms, n=args.pool))
             for _ in range(3)]  # fmt: skip
     top = full[0][0]
     reader = HotItemsReader(redis=redis, features=settings.features, resync=args.resync)
     first = await timed(
-        redis, lambda: reader.hot_items(window.name, as_of_ms=AS_OF_MS, n=args.pool)
+        redis, lambda: reader.hot_items(window.name, as_of_ms=as_of_ms, n=args.pool)
     )
     steady = []
     for _ in range(args.refreshes):
         steady.append(
             await timed(
-                redis, lambda: reader.hot_items(window.name, as_of_ms=AS_OF_MS, n=args.pool)
+                redis, lambda: reader.hot_items(window.name, as_of_ms=as_of_ms, n=args.pool)
             )
         )
     assert all(r[0] == top for r in (*full, first, *steady)), "the two reads disagree"
     tracemalloc.start()
     held = HotItemsReader(redis=redis, features=settings.features, resync=args.resync)
-    await held.hot_items(window.name, as_of_ms=AS_OF_MS, n=args.pool)
+    await held.hot_items(window.name, as_of_ms=as_of_ms, n=args.pool)
     memory, _peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    buckets = len(closed_buckets(AS_OF_MS, window))
+    buckets = len(closed_buckets(as_of_ms, window))
     return {
         "buckets": buckets,
         "full": {

@@ -75,6 +75,9 @@ class RunStats:
     versions: dict[str, int] = field(default_factory=dict)
 
     stages: dict[str, list[float]] = field(default_factory=dict)  # worker-side timings_ms
+    # request_id -> timings_ms total - queue_wait: the worker's time from its batch's start
+    worker_ms: dict[str, float] = field(default_factory=dict)
+    cached_ids: set[str] = field(default_factory=set)  # replies from the result cache
 
     def answered(self) -> list[str]:
         """Request ids of this phase that got a reply (late replies of earlier phases excluded)."""
@@ -123,7 +126,9 @@ class Driver:
         extra: dict[str, Any] | None = None,
     ) -> None:
         self._settings = settings
-        self._extra = extra  # fields added to every request (e.g. top_k)
+        # fields added to every request (e.g. top_k; deadline_ms None: the worker's default);
+        # may be changed between phases
+        self.extra = extra
         self._requests_topic = requests_topic
         self._results_topic = results_topic
         self._producer = kafka.producer(settings.kafka, acks=1, linger_ms=0)
@@ -167,12 +172,16 @@ class Driver:
                         continue
                     stats.got[rid] = now
                     if rid in stats.sent:
-                        for stage, ms in (reply.get("timings_ms") or {}).items():
+                        timings = reply.get("timings_ms") or {}
+                        for stage, ms in timings.items():
                             stats.stages.setdefault(stage, []).append(float(ms))
+                        if "total" in timings and "queue_wait" in timings:
+                            stats.worker_ms[rid] = timings["total"] - timings["queue_wait"]
                     version = reply.get("model_version", "")
                     stats.versions[version] = stats.versions.get(version, 0) + 1
                     if rid in stats.sent and reply.get("cached"):
                         stats.cached += 1
+                        stats.cached_ids.add(rid)
                     if reply.get("degraded"):
                         stats.degraded += 1
                         reason = str(reply.get("reason"))
@@ -205,7 +214,7 @@ class Driver:
             delay = start + i / rate - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            await self.send(rid, user, encode(rid, user, items, far, self._extra))
+            await self.send(rid, user, encode(rid, user, items, far, self.extra))
         await self._producer.flush()
         await self.wait_answered(drain_s)
         return self.reset()
@@ -219,7 +228,7 @@ class Driver:
         self.reset()
         far = clock.now_ms() + 3_600_000
         payloads = [
-            (rid, user, encode(rid, user, items, far, self._extra)) for rid, user, items in requests
+            (rid, user, encode(rid, user, items, far, self.extra)) for rid, user, items in requests
         ]
         for rid, user, payload in payloads:
             await self.send(rid, user, payload)

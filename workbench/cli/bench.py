@@ -37,6 +37,12 @@ def _scoring() -> ModuleType:
     return scoring
 
 
+def _cascade() -> ModuleType:
+    from workbench.bench import cascade
+
+    return cascade
+
+
 def _model() -> ModuleType:
     from workbench.bench import model
 
@@ -95,6 +101,10 @@ BENCHMARKS: dict[str, tuple[Callable[[], ModuleType], str]] = {
     "streams": (_streams, "feature worker throughput and click-to-visible latency"),
     "embeddings": (_embeddings, "embedding store memory, cache hit rates, lookup latency"),
     "scoring": (_scoring, "end-to-end ranking throughput and latency"),
+    "cascade": (
+        _cascade,
+        "retrieval requests through the cascade: max req/s, per-stage p50/p99, result cache",
+    ),
     "model": (_model, "DIN forward throughput: straightforward vs serving split"),
     "codecs": (_codecs, "bytes and CPU of each producer compression codec"),
     "hotpool": (_hotpool, "one hot-item pool refresh on a synthetic catalogue: ms, bytes, memory"),

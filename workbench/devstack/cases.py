@@ -65,6 +65,7 @@ class Case:
     features: dict[str, Any] | None = None  # raw side feature values the model saw offline
     attributes: dict[str, str] | None = None  # the user's attributes
     categories: tuple[str, ...] = ()  # the candidates' categories
+    positive: str | None = None  # the held-out item (a cascade case: items = the offline reply)
 
 
 def load_cases(path: Path, *, limit: int | None = None) -> list[Case]:

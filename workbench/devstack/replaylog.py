@@ -12,7 +12,7 @@ the run's prefix and are deleted with it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,15 +43,22 @@ class ReplayLog:
         return {"STREAMRANK_SEQUENCE_LENGTH": self.cap, "STREAMRANK_COUNTER_LATENESS_S": lateness}
 
 
-def load_log(path: Path, cases: Sequence[Case], *, run: str, max_history: int) -> ReplayLog:
-    """Read ``replay_events.jsonl``; user and event ids prefixed with the run."""
+def read_events(path: Path) -> list[ClickEvent]:
+    """The events of ``replay_events.jsonl`` as written (ids not prefixed), in file order."""
     events: list[ClickEvent] = []
     with path.open("rb") as fh:
         for line in fh:
             event_id, user, item, category, ts = orjson.loads(line)
-            events.append(
-                ClickEvent(f"{run}-{event_id}", f"{run}-{user}", item, int(ts), category or None)
-            )
+            events.append(ClickEvent(event_id, str(user), item, int(ts), category or None))
+    return events
+
+
+def load_log(path: Path, cases: Sequence[Case], *, run: str, max_history: int) -> ReplayLog:
+    """Read ``replay_events.jsonl``; user and event ids prefixed with the run."""
+    events = [
+        ClickEvent(f"{run}-{e.event_id}", f"{run}-{e.user_id}", e.item_id, e.ts, e.category)
+        for e in read_events(path)
+    ]
     as_of = {f"{run}-{c.user_id}": int(c.ts or 0) for c in cases}
     per_user: dict[str, list[ClickEvent]] = {u: [] for u in as_of}
     for event in events:
@@ -95,15 +102,19 @@ async def delete_user_keys(redis: Any, run: str) -> int:
     return int(await unlink_matching(redis, keys.user_keys_pattern(f"{run}-*")))
 
 
-async def load_attributes(redis: Any, cases: Sequence[Case], *, run: str) -> None:
-    """The test users' attributes (prefixed ids) and their candidates' categories."""
+async def load_attributes(
+    redis: Any, cases: Sequence[Case], *, run: str, categories: Mapping[str, str] | None = None
+) -> None:
+    """The test users' attributes (prefixed ids), their candidates' categories and
+    ``categories`` (item -> category: every item a retrieval request may rank)."""
     from streams.attributes import write_attributes
 
     users = {c.user_id: c.attributes for c in cases if c.attributes}
-    items = {
-        item: {"category": category}
+    items = {item: {"category": category} for item, category in (categories or {}).items()}
+    items.update(
+        (item, {"category": category})
         for c in cases
         for item, category in zip(c.items, c.categories, strict=False)
         if category
-    }
+    )
     await write_attributes(redis, users=users, items=items, user_prefix=f"{run}-")

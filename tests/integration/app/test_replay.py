@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scoring.model.artifact import CANDIDATES_FILE, load_artifact
+from scoring.model.artifact import CANDIDATES_FILE, CASCADE_FILE, load_artifact
 from streamrank import keys
 from tests.conftest import StackInfo
 from tests.integration.support.scoring import train_tiny_artifact
@@ -139,6 +139,49 @@ def test_replay_of_a_version_with_counters_and_context_is_consistent(
         > 1e-4
     )
     # the run's item counter keys and user keys are gone
+    client = stack.sync_redis()
+    assert not list(client.scan_iter(match=keys.user_keys_pattern(f"{report['run']}-*")))
+    client.close()
+
+
+def test_cascade_replay_of_a_version_with_counters_reproduces_the_offline_cascade(
+    stack: StackInfo,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # One retrieval request per test user, the whole log replayed at its own times: the online
+    # cascade's top-10 (retrieval, filter, coarse cut, DIN with counters, rerank) is the offline
+    # one with the int8 table, item for item, in the same order.
+    from scoring.model.features import FAMILIES
+    from workbench.devstack.cascadecases import load_cascade_cases
+
+    monkeypatch.setenv("STREAMRANK_KAFKA_BOOTSTRAP", stack.bootstrap)
+    monkeypatch.setenv("STREAMRANK_REDIS_URL", stack.redis_url)
+    monkeypatch.setenv("STREAMRANK_RUN_DIR", str(tmp_path / "run"))
+    path = train_tiny_artifact(tmp_path / "artifacts", seed=13, families=FAMILIES)
+    artifact = load_artifact(path)
+    assert artifact.scorer().features.counters
+    cases = load_cascade_cases(path / CASCADE_FILE)
+
+    code = main(["replay", "--cascade", "--artifact", str(path), "--json", "--no-progress"])
+    out = capsys.readouterr()
+    assert code == 0, out.err[-3000:]
+    report = json.loads(out.out)
+    assert report["consistent"] and report["version"] == artifact.version
+    assert report["encoding"] == "int8" and report["tolerance"] == 1e-4
+    assert report["users"] == report["answered"] == report["same_items"] == len(cases) == 60
+    assert report["degraded"] == report["cached"] == 0
+    assert report["max_abs_diff"] <= 1e-4
+    assert report["hr@10"]["online"] == report["hr@10"]["offline"]
+    assert report["events_replayed"] > sum(len(c.history) for c in cases)  # the whole log
+    assert report["cascade"] == artifact.config["retrieval"]["train"]["cascade"]
+    # the offline pass on the fp32 table reproduces the artifact's file
+    assert report["offline_fp32_vs_artifact"]["same_items"] == len(cases)
+    assert report["offline_fp32_vs_artifact"]["max_abs_diff"] < 1e-6
+    # ... which is not the reference: on the int8 table some users' lists differ
+    assert report["offline_vs_offline_fp32"]["same_items"] < len(cases)
+    # the run's user keys are gone
     client = stack.sync_redis()
     assert not list(client.scan_iter(match=keys.user_keys_pattern(f"{report['run']}-*")))
     client.close()

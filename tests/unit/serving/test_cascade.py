@@ -172,6 +172,23 @@ async def test_the_default_scene_uses_the_settings_top_k_and_no_cap() -> None:
     assert list(r.items) == reference(retriever(), HISTORY, top_k=2)[0]
 
 
+class ShortHistoryScorer(MeanDotScorer):
+    features = FeatureSpec(sequence_length=2)
+
+
+async def test_only_the_history_the_model_reads_is_filtered_as_offline() -> None:
+    # The worker keeps 3 events, the model reads the newest 2: the filter drops those 2, as the
+    # offline cascade does (its history window); the older i19 (the best for that history)
+    # stays a candidate.
+    sequence = [Event("i19", 1, "e1"), Event("i02", 2, "e2"), Event("i03", 3, "e3")]
+    features = Features({"u2": sequence}, {})
+    rig = Rig(serving(retriever(), ShortHistoryScorer()), features=features)
+    r = (await rig.one(RankRequest("r1", "u2"))).result
+    items, scores = reference(retriever(), ["i02", "i03"])
+    assert list(r.items) == items and items[0] == "i19"
+    np.testing.assert_allclose(r.scores, scores, atol=1e-6)
+
+
 async def test_a_request_with_items_and_top_k_gets_its_best_items_sorted_once() -> None:
     rig = Rig(serving(retriever()))
     own = ("i10", "i11", "i10", "i12", "i13")
