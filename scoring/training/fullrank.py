@@ -227,12 +227,16 @@ class RetrievalRun:
     cascade: CascadeResult  # the offline cascade's reply per test user
 
 
+TrainedRetriever = tuple[Retriever, RetrievalFiles, dict[str, Any]]
+
+
 def run_protocol(
-    ds: Dataset, split: Split, din: DinModel, cfg: RetrievalConfig, *, seed: int, progress: bool
-) -> RetrievalRun:
-    """Train the two towers on the split's train samples, build their index, and rank all items
-    for its test users with every method."""
-    retriever, files, trained = train_retriever(
+    ds: Dataset, split: Split, din: DinModel, cfg: RetrievalConfig, *, seed: int, progress: bool,
+    towers: TrainedRetriever | None = None,
+) -> RetrievalRun:  # fmt: skip
+    """Train the two towers on the split's train samples (unless ``towers`` holds them already),
+    build their index, and rank all items for its test users with every method."""
+    retriever, files, trained = towers or train_retriever(
         ds, split.train, split.train_item_counts, cfg, seed=seed, progress=progress
     )
     figures, cascade = full_ranking(ds, split.test, split.train_item_counts, retriever=retriever,

@@ -27,7 +27,14 @@ from scoring.model.features import COUNTERS, FAMILIES, FeatureSpec
 from scoring.model.side import SideArrays, SideInputs
 from scoring.training.data import Dataset, Samples, Split, attribute_vocab, build_samples
 from scoring.training.evaluation import auc, gauc
-from scoring.training.fullrank import RetrievalRun, cascade_goals, din_model, run_protocol
+from scoring.training.fullrank import (
+    RetrievalRun,
+    TrainedRetriever,
+    cascade_goals,
+    din_model,
+    run_protocol,
+)
+from scoring.training.negatives import NegativeMix, with_towers
 from scoring.training.pointintime import LogIndex, side_values
 from scoring.training.timesplit import TimeSplit, build_time_split
 from scoring.training.twotower import RetrievalConfig
@@ -53,6 +60,7 @@ class TrainConfig:
     patience: int | None = None  # stop after this many epochs without a better validation GAUC
     time_split: bool = True  # also fit and report the time-split protocol
     sequence_baseline: bool = True  # also fit DIN on the sequence alone (the features' baseline)
+    train_negatives: NegativeMix = field(default_factory=NegativeMix)  # per train positive
     spec: ModelSpec = field(default_factory=ModelSpec)
     # the two-tower retrieval model and the full-ranking figures; None: neither
     retrieval: RetrievalConfig | None = field(default_factory=RetrievalConfig)
@@ -72,6 +80,7 @@ class TrainConfig:
             "patience": self.patience,
             "time_split": self.time_split,
             "sequence_baseline": self.sequence_baseline,
+            "train_negatives": self.train_negatives.to_json(),
             "retrieval": self.retrieval.to_json() if self.retrieval else None,
         }
 
@@ -339,15 +348,18 @@ def test_metrics(
 def _time_split(ds: Dataset, cfg: TrainConfig, bar: tqdm, index: LogIndex | None) -> dict[str, Any]:
     """The time-split protocol's metrics, or why it could not run on this data."""
     started = time.perf_counter()
-    split: TimeSplit = build_time_split(
+    built: TimeSplit = build_time_split(
         ds, history_len=cfg.history_len, n_negatives=cfg.n_negatives, seed=cfg.seed
     )
-    found = {"cutoff_ms": split.cutoff_ms, "counts": split.counts}
-    if min(len(split.train), len(split.valid), len(split.test)) == 0:
+    found = {"cutoff_ms": built.cutoff_ms, "counts": built.counts}
+    if min(len(built.train), len(built.valid), len(built.test)) == 0:
         return {**found, "not_run": "a split is empty: too few users active across the cutoff"}
+    split, towers = with_towers(ds, built, cfg.train_negatives, _retrieval_config(cfg),
+                                seed=cfg.seed, before_ms=built.cutoff_ms, progress=not bar.disable)  # fmt: skip
     rankers, inputs, logs = fit_variants(ds, split, cfg, bar=bar, index=index)
     _, metrics = test_metrics(split, rankers, inputs)
-    full = _full_ranking(ds, split, rankers[select_din(cfg, logs)], cfg, index, not bar.disable)
+    full = _full_ranking(ds, split, rankers[select_din(cfg, logs)], cfg, index, towers,
+                         not bar.disable)  # fmt: skip
     return {
         **found,
         "test": metrics,
@@ -362,19 +374,25 @@ def _time_split(ds: Dataset, cfg: TrainConfig, bar: tqdm, index: LogIndex | None
     }
 
 
+def _retrieval_config(cfg: TrainConfig) -> RetrievalConfig | None:
+    if cfg.retrieval is None:
+        return None
+    spec = replace(cfg.retrieval.spec, history_len=cfg.history_len)  # the DIN's history cut
+    return replace(cfg.retrieval, spec=spec)
+
+
 def _full_ranking(
     ds: Dataset, split: Split, ranker: Ranker, cfg: TrainConfig, index: LogIndex | None,
-    progress: bool,
+    towers: TrainedRetriever | None, progress: bool,
 ) -> RetrievalRun | None:  # fmt: skip
-    """The two towers trained on ``split`` and every method ranked over all items (DIN: the
-    split's selected variant, through the serving scorer)."""
-    if cfg.retrieval is None:
+    """Every method ranked over all items with the split's towers (DIN: the split's selected
+    variant, through the serving scorer)."""
+    rcfg = _retrieval_config(cfg)
+    if rcfg is None:
         return None
     assert isinstance(ranker.net, DIN)
     din = din_model(ranker.net, ranker.tower.export(), ranker.features, cfg.windows, index)
-    spec = replace(cfg.retrieval.spec, history_len=cfg.history_len)  # the DIN's history cut
-    rcfg = replace(cfg.retrieval, spec=spec)
-    return run_protocol(ds, split, din, rcfg, seed=cfg.seed, progress=progress)
+    return run_protocol(ds, split, din, rcfg, seed=cfg.seed, progress=progress, towers=towers)
 
 
 def _train_and_evaluate(ds: Dataset, cfg: TrainConfig, *, progress: bool) -> TrainResult:
@@ -385,6 +403,8 @@ def _train_and_evaluate(ds: Dataset, cfg: TrainConfig, *, progress: bool) -> Tra
     )
     if len(split.train) == 0 or len(split.test) == 0:
         raise ValueError("not enough data: every user needs at least 4 events")
+    split, towers = with_towers(ds, split, cfg.train_negatives, _retrieval_config(cfg),
+                                seed=cfg.seed, before_ms=None, progress=progress)  # fmt: skip
     index = LogIndex.build(ds) if "counters" in cfg.families else None
     batches = -(-len(split.train) // cfg.batch_size) * cfg.epochs * len(variants(cfg))
     with tqdm(total=batches * (1 + cfg.time_split), desc="train", unit="batch",
@@ -423,7 +443,7 @@ def _train_and_evaluate(ds: Dataset, cfg: TrainConfig, *, progress: bool) -> Tra
         "train_seconds": round(train_s, 1),
         "eval_seconds": round(time.perf_counter() - started - train_s - other_s, 1),
     }
-    retrieval = _full_ranking(ds, split, rankers[chosen], cfg, index, progress)
+    retrieval = _full_ranking(ds, split, rankers[chosen], cfg, index, towers, progress)
     metrics["full_ranking"] = {
         "leave_last_out": retrieval.report if retrieval else None,
         "time_split": (time_split or {}).pop("full_ranking", None),

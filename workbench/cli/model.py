@@ -13,6 +13,7 @@ def _train(args: argparse.Namespace, settings: Settings) -> int:
     from scoring.model.features import parse_families
     from scoring.training.data import load_movielens
     from scoring.training.export import export_artifact
+    from scoring.training.negatives import NegativeMix
     from scoring.training.train import TrainConfig, train_and_evaluate
     from workbench.datasets import movielens_dir
 
@@ -34,6 +35,7 @@ def _train(args: argparse.Namespace, settings: Settings) -> int:
         bucket_s=(settings.features.counter_bucket_s, settings.features.counter_coarse_bucket_s),
         patience=args.patience,
         time_split=not args.no_time_split,
+        train_negatives=NegativeMix.parse(args.train_negatives),
         retrieval=None if args.no_retrieval else retrieval_config(args, settings),
     )
     result = train_and_evaluate(ds, cfg, progress=not args.no_progress)
@@ -211,6 +213,10 @@ def register(sub: Any) -> None:
     train.add_argument("--lr", type=float, default=2e-3)
     train.add_argument("--seed", type=int, default=17)
     train.add_argument("--negatives", type=int, default=20, help="sampled negatives per test user")
+    train.add_argument("--train-negatives", default="uniform:1,popularity:3", metavar="MIX",
+                       help="negatives per train positive by source: uniform, popularity "
+                       "(count^0.75 as of the sample), hard (the retriever's top 200), "
+                       "e.g. uniform:1,hard:2 (docs/model.md)")  # fmt: skip
     train.add_argument("--patience", type=int, default=None,
                        help="stop a model after this many epochs without a better validation GAUC")  # fmt: skip
     train.add_argument("--no-time-split", action="store_true",
