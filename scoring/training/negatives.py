@@ -41,7 +41,7 @@ class NegativeMix:
     """How many negatives of each source per train positive, and the sources' parameters."""
 
     uniform: int = 1
-    popularity: int = 3
+    popularity: int = 0
     hard: int = 0
     alpha: float = 0.75  # popularity exponent
     hard_top: int = 200  # hard negatives come from the retriever's best this many

@@ -213,10 +213,10 @@ def register(sub: Any) -> None:
     train.add_argument("--lr", type=float, default=2e-3)
     train.add_argument("--seed", type=int, default=17)
     train.add_argument("--negatives", type=int, default=20, help="sampled negatives per test user")
-    train.add_argument("--train-negatives", default="uniform:1,popularity:3", metavar="MIX",
+    train.add_argument("--train-negatives", default="uniform:1", metavar="MIX",
                        help="negatives per train positive by source: uniform, popularity "
                        "(count^0.75 as of the sample), hard (the retriever's top 200), "
-                       "e.g. uniform:1,hard:2 (docs/model.md)")  # fmt: skip
+                       "e.g. uniform:1,popularity:3 (docs/cascade.md)")  # fmt: skip
     train.add_argument("--patience", type=int, default=None,
                        help="stop a model after this many epochs without a better validation GAUC")  # fmt: skip
     train.add_argument("--no-time-split", action="store_true",
