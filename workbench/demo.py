@@ -133,7 +133,7 @@ def prepare_model(settings: Settings, *, synthetic: bool, progress: bool = True)
         say(f"model: reusing artifact {found} (newest trained on this data)")
         return DemoModel(found, ds, trained_now=False)
     say(f"model: training DIN on {ds.name}, up to {epochs} epoch(s) (until validation stops "
-        f"improving); {'about a minute' if ds.name == 'synthetic' else 'about two minutes'} on 2 cores ...")  # fmt: skip
+        f"improving); {'about a minute' if ds.name == 'synthetic' else 'about three minutes'} on 2 cores ...")  # fmt: skip
     cfg = demo_train_config(settings, epochs)
 
     result = train_and_evaluate(ds, cfg, progress=progress)
