@@ -36,9 +36,16 @@ from workbench.devstack.cascadecases import (
     offline_cascade,
 )
 from workbench.devstack.cases import Case
-from workbench.devstack.replaylog import delete_keys, delete_user_keys, item_keys, load_log
+from workbench.devstack.replaylog import load_log
 from workbench.devstack.replaylog import read_events as read_log
-from workbench.replay import Replayed, publish, run_settings, through_workers
+from workbench.replay import (
+    Replayed,
+    clean_up,
+    history_len,
+    publish,
+    run_settings,
+    through_workers,
+)
 
 SHOWN_MISMATCHES = 5
 
@@ -65,9 +72,7 @@ async def run_cascade_replay(
     started = time.perf_counter()
     seconds: dict[str, float] = {}
     run = f"replay-{uuid.uuid4().hex[:8]}"
-    max_history = int(
-        artifact.config.get("train", {}).get("history_len", settings.features.sequence_length)
-    )
+    max_history = history_len(artifact, settings)
     dense = settings.scoring.dense_weights
     cfg = cascade_config(artifact)
     counters = bool(features_of(artifact.config, artifact.spec).counters)
@@ -96,12 +101,7 @@ async def run_cascade_replay(
             categories=item_categories(artifact.item_ids, events),
         )  # fmt: skip
     finally:
-        try:
-            if log is not None:
-                await delete_keys(redis, item_keys(log.events, settings.features))
-                await delete_user_keys(redis, run)
-        finally:
-            await redis.aclose()
+        await clean_up(redis, log, run=run, settings=settings)
     report = {
         "version": version,
         "encoding": enc,

@@ -80,6 +80,23 @@ def run_settings(
     return settings.with_env(**{**env, **(log.settings_env() if log is not None else {})})
 
 
+def history_len(artifact: Any, settings: Settings) -> int:
+    """The history length the artifact was trained with (the replay's sequence length)."""
+    train = artifact.config.get("train", {})
+    return int(train.get("history_len", settings.features.sequence_length))
+
+
+async def clean_up(redis: Any, log: ReplayLog | None, *, run: str, settings: Settings) -> None:
+    """The run's item counters and user keys removed (a replay of the whole log), then the
+    client closed, whatever happened before."""
+    try:
+        if log is not None:
+            await delete_keys(redis, item_keys(log.events, settings.features))
+            await delete_user_keys(redis, run)
+    finally:
+        await redis.aclose()
+
+
 def say(message: str) -> None:
     print(f"replay: {message}", file=sys.stderr, flush=True)
 
@@ -163,17 +180,15 @@ async def run_replay(
     started = time.perf_counter()
     seconds: dict[str, float] = {}
     run = f"replay-{uuid.uuid4().hex[:8]}"
-    max_history = int(
-        artifact.config.get("train", {}).get("history_len", settings.features.sequence_length)
-    )
+    max_history = history_len(artifact, settings)
     # The worker serves the dense weights as settings.scoring.dense_weights: so does this.
     dense = settings.scoring.dense_weights
     redis = redis_client(settings.redis)
+    log = None
     try:
         version, enc = await publish(
             redis, artifact, encoding=encoding, activate=activate, run=run, progress=progress
         )
-        log = None
         if features_of(artifact.config, artifact.spec).counters:
             log = load_log(artifact.path / EVENTS_FILE, cases, run=run, max_history=max_history)
         rs = run_settings(settings, run=run, version=version, max_history=max_history, log=log)
@@ -192,12 +207,7 @@ async def run_replay(
             progress=progress, seconds=seconds, log=log,
         )  # fmt: skip
     finally:
-        try:
-            if log is not None:
-                await delete_keys(redis, item_keys(log.events, settings.features))
-                await delete_user_keys(redis, run)
-        finally:
-            await redis.aclose()
+        await clean_up(redis, log, run=run, settings=settings)
     report = {
         "version": version,
         "encoding": enc,
