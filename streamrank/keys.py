@@ -187,6 +187,11 @@ rollout_lease         string  ``sr:rollout:lease``: the driver holding the lease
                               Lifetime: PX TTL ``lease_s``, renewed by its holder.
                               Writer: the rollout driver. Readers: the driver, ``streamrank
                               rollout status``.
+retrain_cycles        list    ``sr:retrain:cycles``: the retrain loop's cycles, JSON, newest first
+                              (when, outcome, candidate and active version, gate figures).
+                              Lifetime: the last ``CYCLES_KEEP`` entries.
+                              Writer: ``streamrank retrain`` (scoring.rollout.cycles). Readers:
+                              ``streamrank rollout status``, the outcomes workers' metrics.
 ====================  ======  ======================================================================
 
 Ids are embedded verbatim (the message contract forbids control characters in ids, so
@@ -460,3 +465,8 @@ def rollout_history() -> str:
 def rollout_lease() -> str:
     """The lease of the one rollout driver allowed to act (string: owner id)."""
     return f"{PREFIX}:rollout:lease"
+
+
+def retrain_cycles() -> str:
+    """The retrain loop's cycles (list of JSON, newest first)."""
+    return f"{PREFIX}:retrain:cycles"

@@ -5,10 +5,11 @@ with ``bound`` = ``value``, ``lo`` or ``hi`` (the 95 % interval)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from scoring.rollout.cycles import RetrainCycle, last_by_outcome
 from scoring.rollout.join import JoinCounts
 from scoring.rollout.stats import Estimate, Summary
 from streamrank.runtime.group_metrics import GroupMetrics, Wording
@@ -120,7 +121,33 @@ class OutcomeMetrics(GroupMetrics):
             ["version", "window", "bound"],
             registry=self.registry,
         )
+        self.retrain_last = Gauge(
+            "streamrank_retrain_last_cycle_timestamp_seconds",
+            "When the retrain loop's latest cycle of each outcome finished (published, "
+            "refused, skipped, failed).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.retrain_gate = Gauge(
+            "streamrank_retrain_gate_metric",
+            "The gate metric on the held-out slice in the latest cycle that reached the gate, "
+            "for the candidate and the active version.",
+            ["role", "metric"],
+            registry=self.registry,
+        )
         self._exported: set[tuple[str, str]] = set()
+
+    def export_cycles(self, cycles: Sequence[RetrainCycle]) -> None:
+        """The retrain gauges from the latest cycles (newest first)."""
+        for outcome, cycle in last_by_outcome(list(cycles)).items():
+            self.retrain_last.labels(outcome).set(cycle.finished_ms / 1000.0)
+        gated = next((c for c in cycles if c.gate.get("metric")), None)
+        if gated is not None:
+            metric = str(gated.gate["metric"])
+            for role in ("candidate", "active"):
+                value = (gated.gate.get(role) or {}).get(metric)
+                if value is not None:
+                    self.retrain_gate.labels(role, metric).set(float(value))
 
     def observe_join(self, counts: JoinCounts) -> None:
         self.served.labels("joined").inc(counts.joined)

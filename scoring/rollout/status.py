@@ -3,12 +3,14 @@ and intervals over one window, each compared with the baseline, and the rollout'
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
 import redis.asyncio as aioredis
 
 from scoring.model.canary import parse_split
+from scoring.rollout.cycles import recent_cycles
 from scoring.rollout.guard import evaluate, parse_guard
 from scoring.rollout.online import Window, read_stats
 from scoring.rollout.state import RolloutState, RolloutStore
@@ -64,6 +66,7 @@ async def rollout_status(
             for v in versions
         ],
         "rollout": None,
+        "retrain": [asdict(c) for c in await recent_cycles(redis, 5)],
     }
     if state is not None:
         report["rollout"] = {

@@ -24,6 +24,7 @@ from aiokafka.errors import KafkaError
 from prometheus_client import CollectorRegistry
 
 from schemas import ClickEvent, DeadLetter, Limits, decode_click
+from scoring.rollout.cycles import recent_cycles
 from scoring.rollout.join import JoinConfig, OutcomeStore, assemble, require_single_redis
 from scoring.rollout.metrics import OutcomeMetrics
 from scoring.rollout.online import WINDOWS, Window, read_summaries, recent_versions
@@ -338,6 +339,7 @@ class OutcomesWorker(GroupWorker):
                 summaries[(version, name)] = summary
         self.metrics.export(summaries)
         self.metrics.open_records.set(await redis.zcard(keys.outcome_due()))
+        self.metrics.export_cycles(await recent_cycles(redis, 20))
 
 
 def serve(settings: Settings, *, metrics_port: int | None = None) -> None:

@@ -19,6 +19,7 @@ from streamrank.settings.connections import (
 )
 from streamrank.settings.messages import LimitSettings, TopicSettings
 from streamrank.settings.observability import ObservabilitySettings
+from streamrank.settings.retrain import RetrainSettings
 from streamrank.settings.root import EnvField, Settings, get_settings
 from streamrank.settings.stages import (
     EmbeddingSettings,
@@ -41,6 +42,7 @@ __all__ = [
     "ObservabilitySettings",
     "OutcomeSettings",
     "RedisSettings",
+    "RetrainSettings",
     "SaslMechanism",
     "SceneRule",
     "ScoringSettings",

@@ -19,6 +19,7 @@ from streamrank.settings.cascade import CascadeSettings
 from streamrank.settings.connections import KafkaSettings, RedisSettings
 from streamrank.settings.messages import LimitSettings, TopicSettings
 from streamrank.settings.observability import ObservabilitySettings
+from streamrank.settings.retrain import RetrainSettings
 from streamrank.settings.stages import (
     EmbeddingSettings,
     FeatureSettings,
@@ -68,6 +69,7 @@ class Settings(BaseSettings):
     scoring: ScoringSettings = Field(default_factory=ScoringSettings)
     cascade: CascadeSettings = Field(default_factory=CascadeSettings)
     outcomes: OutcomeSettings = Field(default_factory=OutcomeSettings)
+    retrain: RetrainSettings = Field(default_factory=RetrainSettings)
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
     tools: ToolSettings = Field(default_factory=ToolSettings)
 

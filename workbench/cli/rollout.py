@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import getpass
 import re
+from datetime import UTC, datetime
 from typing import Any
 
 from scoring.rollout.join import require_single_redis
@@ -153,6 +154,7 @@ def render_status(report: dict[str, Any]) -> str:
             f"{_interval(row['gauc'], '.4f'):<24} {_interval(row['p99_ms'], '.1f'):<20} "
             f"{_interval(row['degraded'], '.2f', 100):<22} {verdict}"
         )
+    lines += _retrain_lines(report.get("retrain") or [])
     rollout = report["rollout"]
     if rollout is None:
         lines.append("no rollout")
@@ -172,6 +174,18 @@ def render_status(report: dict[str, Any]) -> str:
             f"{entry['reason']}"
         )
     return "\n".join(lines)
+
+
+def _retrain_lines(cycles: list[dict[str, Any]]) -> list[str]:
+    """The retrain loop's latest cycles, newest first (none: the loop never ran)."""
+    lines = []
+    for c in cycles[:3]:
+        when = datetime.fromtimestamp(c["finished_ms"] / 1000, UTC).strftime("%Y-%m-%d %H:%M UTC")
+        lines.append(
+            f"retrain {when}: {c['outcome']} {c.get('candidate') or '-'} "
+            f"(active {c.get('active') or '-'}): {c['reason']}"
+        )
+    return lines
 
 
 def _status(args: argparse.Namespace, settings: Settings) -> int:
