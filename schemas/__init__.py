@@ -10,6 +10,7 @@ from schemas import reasons
 from schemas.decode import (
     decode_click,
     decode_dead_letter,
+    decode_item,
     decode_request,
     decode_result,
     peek_field,
@@ -21,6 +22,7 @@ from schemas.messages import (
     MAX_TS_MS,
     ClickEvent,
     DeadLetter,
+    ItemEvent,
     KafkaHeaders,
     Limits,
     RankRequest,
@@ -33,6 +35,7 @@ SCHEMA_FILES = {
     "RankRequest": "rank_request.schema.json",
     "RankResult": "rank_result.schema.json",
     "DeadLetter": "dead_letter.schema.json",
+    "ItemEvent": "item_event.schema.json",
 }
 
 
@@ -49,12 +52,14 @@ __all__ = [
     "SCHEMA_FILES",
     "ClickEvent",
     "DeadLetter",
+    "ItemEvent",
     "KafkaHeaders",
     "Limits",
     "RankRequest",
     "RankResult",
     "decode_click",
     "decode_dead_letter",
+    "decode_item",
     "decode_request",
     "decode_result",
     "is_error_reply",

@@ -20,10 +20,14 @@ from schemas.messages import (
     DEAD_LETTER_MAX_BYTES,
     DEFAULT_LIMITS,
     DEFAULT_SCENE,
+    MAX_ATTRIBUTE_VALUES,
+    MAX_ATTRIBUTES,
     MAX_TS_MS,
     Action,
+    AttributeValue,
     ClickEvent,
     DeadLetter,
+    ItemEvent,
     Limits,
     RankRequest,
     RankResult,
@@ -171,6 +175,62 @@ def decode_click(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> ClickEven
         category=category,
         action=cast(Action, action),  # checked against ACTIONS above
     )
+
+
+def decode_item(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> ItemEvent:
+    """Parse and validate one ItemEvent."""
+    obj = _load_object(raw, limits)
+    item_id = _id(obj, "item_id", limits)
+    category = obj.get("category")
+    if category is not None:
+        category = _check_id(category, "category", limits)
+    return ItemEvent(
+        item_id=item_id,
+        category=category,
+        ts=_int(obj, "ts", required=True, maximum=MAX_TS_MS),
+        attributes=_attributes(obj.get("attributes"), limits),
+    )
+
+
+def _attributes(value: Any, limits: Limits) -> dict[str, AttributeValue]:
+    """An ItemEvent's attributes: null or an object of at most :data:`MAX_ATTRIBUTES` names,
+    each a string or an array of at most :data:`MAX_ATTRIBUTE_VALUES` strings (ids' rules)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ContractError(
+            f"field 'attributes' must be an object or null, got {_json_type(value)}",
+            field="attributes",
+            reason="bad_type",
+        )
+    if len(value) > MAX_ATTRIBUTES:
+        raise ContractError(
+            f"field 'attributes' has {len(value)} names, over the limit of {MAX_ATTRIBUTES}",
+            field="attributes",
+            reason="too_many_items",
+        )
+    out: dict[str, AttributeValue] = {}
+    for name, entry in value.items():
+        _check_id(name, "attributes (a name)", limits)
+        where = f"attributes.{name[:40]}"
+        if isinstance(entry, list):
+            if len(entry) > MAX_ATTRIBUTE_VALUES:
+                raise ContractError(
+                    f"field '{where}' has {len(entry)} values, over the limit of "
+                    f"{MAX_ATTRIBUTE_VALUES}",
+                    field=where,
+                    reason="too_many_items",
+                )
+            out[name] = tuple(_check_id(v, f"{where}[{k}]", limits) for k, v in enumerate(entry))
+        elif isinstance(entry, str):
+            out[name] = _check_id(entry, where, limits)
+        else:
+            raise ContractError(
+                f"field '{where}' must be a string or an array of strings, got {_json_type(entry)}",
+                field=where,
+                reason="bad_type",
+            )
+    return out
 
 
 def _id_list(obj: dict[str, Any], name: str, limits: Limits) -> tuple[str, ...] | None:

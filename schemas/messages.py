@@ -59,6 +59,25 @@ class ClickEvent:
         return orjson.dumps(self)
 
 
+AttributeValue = str | tuple[str, ...]
+MAX_ATTRIBUTES = 32  # names per ItemEvent
+MAX_ATTRIBUTE_VALUES = 64  # strings per attribute value
+
+
+@dataclass(frozen=True, slots=True)
+class ItemEvent:
+    """An item that appeared or changed; topic ``items``, key = item_id. ``attributes``: name
+    -> a string or a list of strings (e.g. ``{"genres": ["Action", "Comedy"]}``)."""
+
+    item_id: str
+    category: str | None
+    ts: int  # event time, epoch ms: a newer event replaces an older one, never the reverse
+    attributes: dict[str, AttributeValue] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self)
+
+
 DEFAULT_SCENE = "default"
 
 

@@ -240,7 +240,10 @@ def create_app(settings: Settings, *, handler: BatchHandler) -> FeaturesApp:
     app.isolation_level = settings.kafka.isolation_level
     kafka_guard.install()  # an undecodable batch becomes one dead letter, not a crash
     app.max_inflight = settings.features.max_inflight_batches
-    topic = app.topic(settings.topics.clicks, key_type=bytes, value_type=bytes, acks=True)
+    # Clicks and item events share one consumer (the processor splits a batch by topic).
+    topic = app.topic(
+        settings.topics.clicks, settings.topics.items, key_type=bytes, value_type=bytes, acks=True
+    )
     if settings.features.path == "batch":
         # Subscribe without an agent: FeaturesConsumer hands whole fetches to the handler.
         app.topics.add(topic)

@@ -45,7 +45,20 @@ class FeatureMetrics(GroupMetrics):
             registry=r,
         )
         self.dead_letters = Counter(
-            f"{p}_dead_letters", "Clicks sent to the dead-letter topic.", ["reason"], registry=r
+            f"{p}_dead_letters",
+            "Records (clicks, item events) sent to the dead-letter topic.",
+            ["reason"],
+            registry=r,
+        )
+        self.items_written = Counter(
+            f"{p}_items_written",
+            "Item events written to the item attribute table (at least as new as its value).",
+            registry=r,
+        )
+        self.items_stale = Counter(
+            f"{p}_items_stale",
+            "Item events not written: the table holds a newer event of that item.",
+            registry=r,
         )
         self.skipped_records = Counter(
             f"{p}_skipped_records",

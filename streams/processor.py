@@ -1,5 +1,8 @@
 """One batch of click records -> Redis (one round trip) + dead letters + re-keyed forwards.
 
+Item records (the ``items`` topic) in the batch go to the item attribute table in the same
+round trip's wake (:mod:`streams.items`); their dead letters join the clicks'.
+
 ``FeatureProcessor.process(records)`` returns only once every effect of the batch is durable:
 the Redis script ran and every dead letter / forwarded click was acknowledged by the broker
 (so a batch replayed after a failed produce may dead-letter or forward a click twice: the
@@ -31,6 +34,7 @@ from streamrank.redis.client import redis_client, slot_grouping
 from streamrank.runtime import logs
 from streamrank.settings import Settings
 from streams.classify import Classified, Record, classify
+from streams.items import ItemWriter, decode_items, split_items
 from streams.metrics import FeatureMetrics
 from streams.windows import windows_from_settings
 from streams.writer import BatchCalls, BatchWriter, assemble
@@ -79,6 +83,7 @@ class FeatureProcessor:
             wait_replicas=settings.redis.wait_replicas,
             wait_timeout_ms=settings.redis.wait_timeout_ms,
         )
+        self._items = ItemWriter(redis=self._redis)
         self._slot_of = slot_grouping(self._redis)
         self._down: dict[str, float] = {}
         self.stopping = False
@@ -115,10 +120,18 @@ class FeatureProcessor:
         """Apply one batch; returns when all its effects are durable (see the module doc)."""
         started = time.perf_counter()
         now_ms = clock.now_ms()
-        classified, batch = self._prepare(records, now_ms)
+        item_records, clicks = split_items(records, self._settings.topics.items)
+        classified, batch = self._prepare(clicks, now_ms)
+        items = decode_items(item_records, limits=self._limits, now_ms=now_ms)
+        classified.dead.extend(items.dead)
+        classified.skipped += items.skipped
         applied = 0
         if classified.apply:
             applied = await self._retry("redis", lambda: self._timed_apply(batch))
+        if items.events:
+            written = await self._retry("redis", lambda: self._items.apply(items.events))
+            self._metrics.items_written.inc(written)
+            self._metrics.items_stale.inc(len(items.events) - written)
         if classified.dead or classified.forward:
             await self._retry(
                 "kafka",

@@ -12,6 +12,8 @@
   {"clicks_1h", "clicks_24h", "categories_24h": {category: n}}}, "items": {item_id:
   {"clicks_1h", "clicks_24h"}}}``, as of ``at_ms`` (default: now).
 - ``await item_popularity(item_ids)`` -> int64 array of 24 h clicks, aligned with ``item_ids``.
+- ``await item_attributes(item_ids)`` -> ``{item_id: attribute JSON object}`` for the items
+  that have one in the item attribute table.
 
 Windows are point in time: the closed buckets of :func:`streams.windows.closed_range`, so no
 event at or after the as-of time is counted. Each read is one pipeline per Redis node
@@ -34,6 +36,7 @@ from streamrank.redis.client import redis_client
 from streamrank.redis.errors import redis_call
 from streamrank.redis.pipeline import NodePipeline
 from streamrank.settings import FeatureSettings, Settings
+from streams.attributes import read_item_attributes
 from streams.batch_read import (
     READ_LUA,
     FeatureQuery,
@@ -90,6 +93,11 @@ class FeatureReader:
             attributes=attributes,
             cache=self._items,
         )
+
+    async def item_attributes(self, item_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Each item's attribute value (a JSON object) from the item attribute table, for the
+        items that have one (one round trip)."""
+        return await read_item_attributes(self._redis, item_ids)
 
     async def _run(self, pipe: NodePipeline) -> list[Any]:
         with redis_call("the feature read", "retry later or serve without features"):

@@ -41,9 +41,10 @@ def serve(settings: Settings, *, metrics_port: int | None = None) -> int:
     app.on_commit = metrics.committed
     watch_membership(app, settings=settings, metrics=metrics, health_=health)
     logger.info(
-        "features worker: group %s, topic %s, path %s, batch %s",
+        "features worker: group %s, topics %s and %s, path %s, batch %s",
         settings.features.app_id,
         settings.topics.clicks,
+        settings.topics.items,
         settings.features.path,
         settings.features.batch_size,
     )
@@ -59,7 +60,8 @@ async def _prepare(settings: Settings) -> None:
 
     # A pod that starts before the broker waits for it instead of crash-looping.
     await kafka.wait_for_broker(settings.kafka, what="features worker")
-    await create_topics(settings, topics=(settings.topics.clicks, settings.topics.dead_letters))
+    topics = (settings.topics.clicks, settings.topics.items, settings.topics.dead_letters)
+    await create_topics(settings, topics=topics)
 
 
 def _tune_interpreter() -> None:

@@ -127,6 +127,7 @@ def make_settings(stack: StackInfo, unique: str) -> Callable[..., Settings]:
             "STREAMRANK_TOPIC_REQUESTS": f"rank-requests-{unique}",
             "STREAMRANK_TOPIC_RESULTS": f"rank-results-{unique}",
             "STREAMRANK_TOPIC_DEAD_LETTERS": f"dead-letters-{unique}",
+            "STREAMRANK_ITEMS_TOPIC": f"items-{unique}",
         }
         return stack.settings(**{**topics, **overrides})
 

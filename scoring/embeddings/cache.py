@@ -152,6 +152,13 @@ class CachedEmbeddings:
 
     async def lookup(self, version: str, table: str, ids: Sequence[str]) -> FloatMatrix:
         """``float32[len(ids), dim]``; ids may repeat; unknown ids get the table's OOV row."""
+        return (await self.lookup_found(version, table, ids))[0]
+
+    async def lookup_found(
+        self, version: str, table: str, ids: Sequence[str]
+    ) -> tuple[FloatMatrix, npt.NDArray[np.bool_]]:
+        """:meth:`lookup` and, aligned with ``ids``, whether each id has a row of its own
+        (False: it got the OOV row)."""
         unique = list(dict.fromkeys(ids))  # dedupe at C speed; positions only if ids repeat
         meta = await self.store.cached_meta(version, table)  # in memory after the first call
         keys = cache_keys(meta.publish_id, unique)
@@ -182,10 +189,12 @@ class CachedEmbeddings:
             decoded = decode_blobs(rows, meta.encoding, meta.dim)  # [u, dim]
         else:
             decoded = np.frombuffer(b"".join(rows), dtype=np.float32).reshape(len(rows), meta.dim)
+        found = np.fromiter((v is not oov for v in rows), dtype=bool, count=len(rows))  # [u]
         if len(unique) == len(ids):
-            return decoded if self.hold == "encoded" else decoded.copy()
+            return (decoded if self.hold == "encoded" else decoded.copy()), found
         pos = {u: k for k, u in enumerate(unique)}
-        return decoded[np.array([pos[i] for i in ids], dtype=np.intp)]  # [n, dim]
+        where = np.array([pos[i] for i in ids], dtype=np.intp)
+        return decoded[where], found[where]  # [n, dim], [n]
 
     async def _fetch(self, table: str, ids: list[str], version: str) -> EncodedRows:
         """One round trip for ``ids`` (distinct), timed into the fetch metrics."""

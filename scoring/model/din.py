@@ -42,6 +42,7 @@ from torch import Tensor, nn
 from torch.ao.quantization import quantize_dynamic
 from torch.nn import functional as F
 
+from scoring.model.coldstart import ColdStart, cold_start_from
 from scoring.model.features import FeatureSpec
 from scoring.model.side import NO_SIDE, SideArrays, SideInputs, require, side_tensors, tensor
 from streamrank.errors import ArtifactError
@@ -276,8 +277,9 @@ def _linear(weight: Tensor, bias: Tensor | None) -> nn.Linear:
 class DinScorer:
     """Serving forward of a trained DIN: many candidates against one history per request.
 
-    ``dense``: ``"fp32"`` (the trained weights) or ``"int8"`` (dynamically quantised, see the
-    module docstring)."""
+    ``dense``: ``"fp32"`` (the trained weights) or ``"int8"`` (quantised: the module doc)."""
+
+    cold_start: ColdStart | None = None  # the version's cold-start parts (scoring.model.coldstart)
 
     def __init__(
         self, net: DIN, *, dense: DenseWeights = "fp32", features: FeatureSpec | None = None
@@ -326,9 +328,7 @@ class DinScorer:
     ) -> DinScorer:
         """Build from a dense state dict (small tables under ``tables.`` are ignored here)."""
         if spec.kind != "din":
-            raise ArtifactError(
-                f"the serving scorer needs a DIN artifact, this one is {spec.kind!r}"
-            )
+            raise ArtifactError(f"the serving scorer needs a DIN artifact, not {spec.kind!r}")
         net = DIN(spec)
         weights = {k: v for k, v in state.items() if not k.startswith(TABLE_PREFIX)}
         broken = sorted(k for k, v in weights.items() if not bool(torch.isfinite(v).all()))
@@ -354,7 +354,9 @@ class DinScorer:
             state = st_load(dense)
         except Exception as exc:  # safetensors raises its own error types
             raise ArtifactError(f"dense weights are not a valid safetensors file: {exc}") from exc
-        return cls.from_state(spec, state, dense=weights, features=features_of(config, spec))
+        scorer = cls.from_state(spec, state, dense=weights, features=features_of(config, spec))
+        scorer.cold_start = cold_start_from(config, state, spec.id_dim, spec.category_dim)
+        return scorer
 
     # (candidate, event) pairs per chunk: keeps the [b, C, L, h] intermediates in cache
     # (docs/model.md#the-serving-forward-dinscorer).

@@ -8,17 +8,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 
 from scoring.model.side import SideArrays
 from scoring.serving.assemble import assemble, gather, split_scores
+from scoring.serving.coldstart import ColdMap, cold_lookup
 from scoring.serving.features import ServedFeatures, side_arrays
-from scoring.serving.protocols import EmbeddingSource, Scorer
+from scoring.serving.protocols import EmbeddingSource, ItemAttributeSource, Scorer
 from scoring.serving.watcher import RecentIds
-from streamrank import keys
 
 ForwardMode = Literal["batched", "per_request"]
 # Runs the forward (a no-argument call) somewhere and returns its scores; None: inline.
@@ -80,18 +80,29 @@ class GroupScores:
     scores: list[list[float]]
     lookup_s: float
     forward_s: float
+    cold: ColdMap = field(default_factory=dict)  # ids scored with a cold-start vector
 
 
 class DeepRanker:
     """Scores the requests of one version: one embedding lookup, one forward (per request or
-    batched, ``mode``)."""
+    batched, ``mode``). With ``attributes``, ids the version does not know but whose
+    attributes are known get cold-start vectors (:mod:`.coldstart`); ``on_cold(n)`` counts
+    them."""
 
     def __init__(
-        self, *, embeddings: EmbeddingSource, mode: ForwardMode, recent: RecentIds | None
+        self,
+        *,
+        embeddings: EmbeddingSource,
+        mode: ForwardMode,
+        recent: RecentIds | None,
+        attributes: ItemAttributeSource | None = None,
+        on_cold: Callable[[int], None] | None = None,
     ) -> None:
         self._embeddings = embeddings
         self._mode: ForwardMode = mode
         self._recent = recent
+        self._attributes = attributes
+        self._on_cold = on_cold
 
     async def score(
         self,
@@ -110,8 +121,12 @@ class DeepRanker:
             actions=inputs.actions, hist_width=assembled.hist_mask.shape[1],
         )  # fmt: skip
         t1 = time.perf_counter()
-        async with bound():
-            rows = await self._embeddings.lookup(version, keys.ITEM_TABLE, assembled.unique_ids)
+        rows, cold = await cold_lookup(
+            self._embeddings, self._attributes, version, scorer, assembled.unique_ids,
+            bound=bound,
+        )  # fmt: skip
+        if cold and self._on_cold is not None:
+            self._on_cold(len(cold))
         t2 = time.perf_counter()
         hist, cands = gather(rows, assembled)
 
@@ -125,4 +140,4 @@ class DeepRanker:
         t3 = time.perf_counter()
         if self._recent is not None:
             self._recent.add(assembled.unique_ids)
-        return GroupScores(split_scores(probs, assembled), t2 - t1, t3 - t2)
+        return GroupScores(split_scores(probs, assembled), t2 - t1, t3 - t2, cold)

@@ -159,6 +159,12 @@ class ScoringMetrics(GroupMetrics):
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.cold_start_items = Counter(
+            "streamrank_scoring_cold_start_items",
+            "Items unknown to the serving version's item table scored with a cold-start vector "
+            "built from their attributes (counted once per lookup), not the OOV row.",
+            registry=r,
+        )
         self._versions: set[str] = set()
         self._encodings: dict[str, str] = {}
         # labelled children looked up once: labels() per reply and stage shows in the profile

@@ -43,6 +43,7 @@ from scoring.serving.cascade_stages import (
     user_vectors,
     with_hot,
 )
+from scoring.serving.coldstart import cold_for
 from scoring.serving.deep_rank import DeepRanker, GroupInputs
 from scoring.serving.features import ServedFeatures, served_features
 from scoring.serving.metrics import ScoringMetrics
@@ -87,6 +88,7 @@ class Job:
     user: np.ndarray | None = None  # [D]
     scores: np.ndarray | None = None  # aligned with candidates: coarse, then the deep model's
     served: ServedFeatures | None = None
+    cold: dict[str, list[str]] = field(default_factory=dict)  # cold-start items -> categories
     stages: dict[str, float] = field(default_factory=dict)
     reason: str | None = None  # the first rung it fell to
 
@@ -294,6 +296,7 @@ class Cascade:
                 continue
             for job, row in zip(live, scored.scores, strict=True):
                 job.scores = np.asarray(row, dtype=np.float32)
+                job.cold = cold_for(scored.cold, job.history_ids(), job.candidates)
         _timed(jobs, "rank", t0)
 
     async def _candidate_reads(
@@ -358,6 +361,7 @@ class Cascade:
                 record = served_record(
                     job.request, job.version, job.history, result.scores, result.served_at,
                     latency_ms=latency_ms(result), features=job.served, items=result.items,
+                    cold_start=cold_for(job.cold, job.history_ids(), result.items),
                 )  # fmt: skip
         if degraded:
             return Ranked(result, record), None

@@ -9,7 +9,7 @@ Protocols only say what the worker calls, so its pure parts can be unit-tested w
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -48,6 +48,23 @@ class EmbeddingSource(Protocol):
     async def warm(self, version: str, table: str, ids: Sequence[str]) -> Any: ...
 
     def stats(self) -> Mapping[str, Any]: ...
+
+
+@runtime_checkable
+class FoundLookup(Protocol):
+    """An embedding source that also says which ids have a row of their own (the rest got the
+    OOV row): what cold start needs."""
+
+    async def lookup_found(
+        self, version: str, table: str, ids: Sequence[str]
+    ) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+@runtime_checkable
+class ItemAttributeSource(Protocol):
+    """The item attribute table's read side (``streams.reader.FeatureReader``)."""
+
+    async def item_attributes(self, item_ids: Sequence[str]) -> Mapping[str, Mapping[str, Any]]: ...
 
 
 class Scorer(Protocol):

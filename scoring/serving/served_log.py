@@ -4,8 +4,9 @@ A record holds everything a score depended on besides the model version's weight
 table (which the store keeps per version): the history (item ids, ts, event ids, actions), the
 items shown (a request's own candidates, or what the cascade retrieved and kept) and, for a
 version with side inputs, the raw feature values (``features``: the request's as-of time, its
-categorical codes and its counts per item). Rescoring it with the same version must reproduce
-the logged scores.
+categorical codes and its counts per item), and the items scored with a cold-start vector
+(``cold_start``: item id -> the categories used). Rescoring it with the same version must
+reproduce the logged scores.
 
 Replies the version routed to could not score (degraded: fallback scores) are logged too, with
 ``degraded: true``, the reason and no sequence, so the outcomes worker can count a version's
@@ -21,6 +22,7 @@ import numpy as np
 
 from schemas import RankRequest
 from scoring.serving.assemble import assemble, gather
+from scoring.serving.coldstart import apply_cold, cold_start_of
 from scoring.serving.features import ServedFeatures, side_arrays
 from scoring.serving.protocols import EmbeddingSource, Scorer
 from streamrank import keys
@@ -37,10 +39,13 @@ def served_record(
     features: ServedFeatures | None = None,
     items: Sequence[str] | None = None,
     cached: bool = False,
+    cold_start: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """The point-in-time record of one scored request (served-log topic, key = request_id).
     ``items``: the items shown, aligned with ``scores`` (default: the request's own); a reply
-    from the result cache is marked ``cached``, with the features it was scored with."""
+    from the result cache is marked ``cached``, with the features it was scored with;
+    ``cold_start``: the items (shown or in the history) scored with a cold-start vector, and
+    the categories it was built from."""
     record = _record(
         request, version, scores, served_at, latency_ms=latency_ms, degraded=False, items=items
     )
@@ -54,6 +59,8 @@ def served_record(
     }
     if features is not None:
         record["features"] = features.to_json()
+    if cold_start:
+        record["cold_start"] = {item: list(names) for item, names in cold_start.items()}
     return record
 
 
@@ -111,6 +118,14 @@ async def rescore(
     items = list(record["items"])
     batch = assemble([history], [items], max_history=max(1, len(history)))
     rows = await embeddings.lookup(record["model_version"], keys.ITEM_TABLE, batch.unique_ids)
+    if record.get("cold_start"):
+        cold = cold_start_of(scorer)
+        if cold is None:
+            raise ValueError(
+                f"served record {record.get('request_id')!r} has cold-start items but the "
+                f"scorer of {record['model_version']!r} has no cold-start parts"
+            )
+        rows = apply_cold(rows, batch.unique_ids, record["cold_start"], cold)
     hist, cands = gather(rows, batch)
     side = None
     if "features" in record:

@@ -27,13 +27,20 @@ from typing import Any
 from schemas import RankResult, reasons
 from scoring.serving.breaker import REDIS_FAILURES, CircuitBreaker
 from scoring.serving.cascade_stages import NoHotItems
+from scoring.serving.coldstart import ColdMap, cold_for
 from scoring.serving.deep_rank import DeepRanker, ForwardMode, GroupInputs, forward
 from scoring.serving.fallback import Fallbacks
 from scoring.serving.features import ServedFeatures, served_features
 from scoring.serving.margin import DeadlineMargin
 from scoring.serving.metrics import ScoringMetrics
 from scoring.serving.pipeline import Cascade
-from scoring.serving.protocols import EmbeddingSource, FeatureSource, HotItems, Scorer
+from scoring.serving.protocols import (
+    EmbeddingSource,
+    FeatureSource,
+    HotItems,
+    ItemAttributeSource,
+    Scorer,
+)
 from scoring.serving.ranked import Incoming, Ranked, build_result, latency_ms, pick
 from scoring.serving.result_cache import ResultCache
 from scoring.serving.served_log import served_record
@@ -80,7 +87,11 @@ class RankService:
         self._log_served = log_served
         self._clock_ms = clock_ms
         self._margin = margin or DeadlineMargin(cap_ms=0.0)
-        self._ranker = DeepRanker(embeddings=embeddings, mode=forward_mode, recent=recent)
+        self._ranker = DeepRanker(
+            embeddings=embeddings, mode=forward_mode, recent=recent,
+            attributes=features if isinstance(features, ItemAttributeSource) else None,
+            on_cold=metrics.cold_start_items.inc,
+        )  # fmt: skip
         settings = cascade or CascadeSettings()
         if result_cache is None:
             result_cache = ResultCache(
@@ -251,12 +262,13 @@ class RankService:
         scores: list[list[float] | None] = [None] * len(batch)
         events: list[list[Any]] = [[] for _ in batch]
         served: list[ServedFeatures | None] = [None] * len(batch)
+        cold: ColdMap = {}
         t_lookup = t_forward = 0.0
         try:
             for version, members in groups.items():
                 t_l, t_f = await self._score_group(
                     version, serving.scorers[version], members, batch, reads, until_ms,
-                    scored=(scores, events, served),
+                    scored=(scores, events, served), cold=cold,
                 )  # fmt: skip
                 t_lookup += t_l
                 t_forward += t_f
@@ -279,9 +291,11 @@ class RankService:
                 features = served[i]
                 if features is not None and incoming.request.top_k is not None:
                     features = features.for_items(incoming.request.items, result.items)
+                history = [e.item_id for e in events[i]]
                 record = served_record(
                     incoming.request, routed[i], events[i], result.scores, result.served_at,
                     latency_ms=latency_ms(result), features=features, items=result.items,
+                    cold_start=cold_for(cold, history, result.items),
                 )  # fmt: skip
             out.append(Ranked(result, record))
         return out
@@ -296,10 +310,12 @@ class RankService:
         until_ms: int,
         *,
         scored: tuple[list[Any], list[list[Any]], list[ServedFeatures | None]],
+        cold: ColdMap,
     ) -> tuple[float, float]:
         """Score the requests one version serves: its spec's features, one embedding lookup,
-        one forward; fills ``scored`` (scores, events, served features) in place and returns
-        the lookup and forward seconds."""
+        one forward; fills ``scored`` (scores, events, served features) and ``cold`` (the ids
+        scored with a cold-start vector) in place and returns the lookup and forward
+        seconds."""
         scores, events, served = scored
         spec = scorer.features
         length = min(spec.sequence_length, self._sequence_length)
@@ -320,6 +336,7 @@ class RankService:
         )
         for i, row in zip(members, result.scores, strict=True):
             scores[i] = row
+        cold.update(result.cold)
         return result.lookup_s, result.forward_s
 
     # --- degradation ------------------------------------------------------------------------

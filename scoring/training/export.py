@@ -111,15 +111,21 @@ def export_artifact(
     result: TrainResult, ds: Dataset, cfg: TrainConfig, out_dir: Any, *, encoding: str
 ) -> Path:
     """Write the versioned DIN artifact (weights, item table, config.json, test candidates)."""
+    import torch
+
     from scoring.model.artifact import CANDIDATES_FILE, CASCADE_FILE, save_artifact
+    from scoring.model.coldstart import NEW_ITEM_TABLE
     from scoring.model.din import dense_state
 
     tower = result.din.tower
     table = result.item_table
+    state = dense_state(result.din.net, tower.categories.weight)
+    if result.new_item is not None:  # the cold-start id vector ships with the category table
+        state[NEW_ITEM_TABLE] = torch.from_numpy(np.ascontiguousarray(result.new_item))
     path: Path = save_artifact(
         out_dir,
         spec=result.din.net.spec,  # type: ignore[arg-type]
-        dense_state=dense_state(result.din.net, tower.categories.weight),
+        dense_state=state,
         item_ids=list(ds.items),
         item_table=table,
         oov_row=table.mean(axis=0),

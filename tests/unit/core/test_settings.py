@@ -15,7 +15,13 @@ def test_defaults_point_at_the_embedded_stack(monkeypatch: pytest.MonkeyPatch) -
     )
     assert settings.kafka.bootstrap == "127.0.0.1:19092"
     assert settings.redis.dsn == "redis://127.0.0.1:16379/0"
-    assert settings.topics.names() == ("clicks", "rank-requests", "rank-results", "dead-letters")
+    assert settings.topics.names() == (
+        "clicks",
+        "rank-requests",
+        "rank-results",
+        "dead-letters",
+        "items",
+    )
     moved = settings.with_env(STREAMRANK_KAFKA_BOOTSTRAP="k:1", STREAMRANK_STACK_KAFKA_PORT=1)
     assert moved.kafka.bootstrap == "k:1", "an endpoint that was set stays set"
 

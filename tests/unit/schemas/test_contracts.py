@@ -13,11 +13,13 @@ from schemas import (
     MAX_TS_MS,
     ClickEvent,
     DeadLetter,
+    ItemEvent,
     Limits,
     RankRequest,
     RankResult,
     decode_click,
     decode_dead_letter,
+    decode_item,
     decode_request,
     decode_result,
     json_schema,
@@ -52,6 +54,12 @@ RESULT: dict[str, Any] = {
     "reason": None,
     "timings_ms": {"total": 3.5},
     "served_at": 1_700_000_000_010,
+}
+ITEM: dict[str, Any] = {
+    "item_id": "m1",
+    "category": "Action|Comedy",
+    "attributes": {"genres": ["Action", "Comedy"], "year": "1995"},
+    "ts": 1_700_000_000_000,
 }
 LETTER: dict[str, Any] = {
     "source_topic": "clicks",
@@ -154,6 +162,35 @@ CORPUS: list[tuple[str, Any, bool]] = [
     ("RankResult", with_(RESULT, cached=True), True),
     ("RankResult", with_(RESULT, cached=_DROP), True),
     ("RankResult", with_(RESULT, cached="yes"), False),
+    ("ItemEvent", ITEM, True),
+    ("ItemEvent", with_(ITEM, category=None, attributes=None), True),
+    ("ItemEvent", with_(ITEM, category=_DROP, attributes=_DROP), True),
+    ("ItemEvent", with_(ITEM, attributes={}), True),
+    ("ItemEvent", with_(ITEM, attributes={"genres": []}), True),
+    ("ItemEvent", with_(ITEM, attributes={f"a{i}": "x" for i in range(32)}), True),
+    ("ItemEvent", with_(ITEM, attributes={f"a{i}": "x" for i in range(33)}), False),
+    ("ItemEvent", with_(ITEM, attributes={"genres": ["x"] * 64}), True),
+    ("ItemEvent", with_(ITEM, attributes={"genres": ["x"] * 65}), False),
+    ("ItemEvent", with_(ITEM, attributes={"genres": ["Action", 3]}), False),
+    ("ItemEvent", with_(ITEM, attributes={"genres": [["Action"]]}), False),
+    ("ItemEvent", with_(ITEM, attributes={"genres": ""}), False),
+    ("ItemEvent", with_(ITEM, attributes={"genres": "a\x1fb"}), False),
+    ("ItemEvent", with_(ITEM, attributes={"": "x"}), False),
+    ("ItemEvent", with_(ITEM, attributes={LONG: "x"}), False),
+    ("ItemEvent", with_(ITEM, attributes={"year": 1995}), False),
+    ("ItemEvent", with_(ITEM, attributes={"year": None}), False),
+    ("ItemEvent", with_(ITEM, attributes=["genres"]), False),
+    ("ItemEvent", with_(ITEM, attributes="Action"), False),
+    ("ItemEvent", with_(ITEM, category=""), False),
+    ("ItemEvent", with_(ITEM, category=["Action"]), False),
+    ("ItemEvent", with_(ITEM, item_id=_DROP), False),
+    ("ItemEvent", with_(ITEM, item_id=LONG), False),
+    ("ItemEvent", with_(ITEM, ts=_DROP), False),
+    ("ItemEvent", with_(ITEM, ts=None), False),
+    ("ItemEvent", with_(ITEM, ts=-1), False),
+    ("ItemEvent", with_(ITEM, ts=MAX_TS_MS + 1), False),
+    ("ItemEvent", with_(ITEM, ts=1.7e12), True),
+    ("ItemEvent", [ITEM], False),
     ("DeadLetter", LETTER, True),
     ("DeadLetter", with_(LETTER, payload_encoding="base64", payload="AAE="), True),
     ("DeadLetter", with_(LETTER, payload_encoding="hex"), False),
@@ -166,6 +203,7 @@ DECODERS = {
     "RankRequest": decode_request,
     "RankResult": decode_result,
     "DeadLetter": decode_dead_letter,
+    "ItemEvent": decode_item,
 }
 
 
@@ -322,3 +360,22 @@ def test_a_cached_reply_round_trips() -> None:
     assert result.cached
     assert decode_result(result.to_json()) == result
     assert not decode_result(orjson.dumps(RESULT)).cached
+
+
+def test_an_item_event_round_trips_with_its_attributes() -> None:
+    item = decode_item(orjson.dumps(ITEM))
+    assert item == ItemEvent(
+        "m1", "Action|Comedy", 1_700_000_000_000, {"genres": ("Action", "Comedy"), "year": "1995"}
+    )
+    assert decode_item(item.to_json()) == item
+    jsonschema.validate(orjson.loads(item.to_json()), json_schema("ItemEvent"))
+    bare = decode_item(orjson.dumps({"item_id": "m2", "ts": 5}))
+    assert bare == ItemEvent("m2", None, 5) and bare.attributes == {}
+
+
+def test_item_event_errors_name_the_attribute() -> None:
+    with pytest.raises(ContractError, match=r"field 'attributes.genres\[1\]' must be a string"):
+        decode_item(orjson.dumps(with_(ITEM, attributes={"genres": ["a", 2]})))
+    with pytest.raises(ContractError, match="65 values, over the limit of 64") as info:
+        decode_item(orjson.dumps(with_(ITEM, attributes={"genres": ["x"] * 65})))
+    assert info.value.reason == "too_many_items"

@@ -20,10 +20,12 @@ from schemas import (
     DEFAULT_LIMITS,
     ClickEvent,
     DeadLetter,
+    ItemEvent,
     RankRequest,
     RankResult,
     decode_click,
     decode_dead_letter,
+    decode_item,
     decode_request,
     decode_result,
     json_schema,
@@ -36,6 +38,7 @@ DECODERS: dict[str, tuple[Callable[..., Any], type]] = {
     "RankRequest": (decode_request, RankRequest),
     "RankResult": (decode_result, RankResult),
     "DeadLetter": (decode_dead_letter, DeadLetter),
+    "ItemEvent": (decode_item, ItemEvent),
 }
 VALIDATORS = {kind: jsonschema.Draft202012Validator(json_schema(kind)) for kind in DECODERS}
 PROPERTIES = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -91,6 +94,14 @@ FIELDS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
         "reason": st.none() | st.text(max_size=10),
         "timings_ms": st.dictionaries(st.text(max_size=5), st.floats(0, 100), max_size=3),
         "served_at": epoch_ms,
+    },
+    "ItemEvent": {
+        "item_id": ids,
+        "category": st.none() | ids,
+        "ts": epoch_ms,
+        "attributes": st.none()
+        | st.dictionaries(ids, ids | st.lists(ids, max_size=3), max_size=3)
+        | st.dictionaries(st.text(max_size=4), json_values, max_size=3),
     },
     "DeadLetter": {
         "source_topic": ids,
