@@ -55,7 +55,9 @@ async def serve_and_click_the_top_item(settings: Settings, redis: aioredis.Redis
     items = known[20:28]
     users = [f"rt-{unique}-{n}" for n in range(USERS)]
     for n, user in enumerate(users):
-        await write_sequence(redis, user, [(f"h{n}-{k}", known[n + k], 1_000 + k) for k in range(3)])
+        await write_sequence(
+            redis, user, [(f"h{n}-{k}", known[n + k], 1_000 + k) for k in range(3)]
+        )
     producer = AIOKafkaProducer(**settings.kafka.client_kwargs())
     await producer.start()
     try:
@@ -69,7 +71,9 @@ async def serve_and_click_the_top_item(settings: Settings, redis: aioredis.Redis
                 click = ClickEvent(f"c{n}-{unique}", user, top, ts=clock.now_ms())
                 await producer.send_and_wait(settings.topics.clicks, click.to_json(),
                                              key=user.encode())  # fmt: skip
-            got = await read_topic(settings, str(settings.topics.outcomes), want=USERS, timeout_s=60)
+            got = await read_topic(
+                settings, str(settings.topics.outcomes), want=USERS, timeout_s=60
+            )
             assert len(got) == USERS
     finally:
         await producer.stop()
