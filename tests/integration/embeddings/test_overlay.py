@@ -4,6 +4,8 @@ the overlay, and bad rows are refused before anything is written."""
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
@@ -107,14 +109,14 @@ async def test_cache_learns_an_upsert_within_the_check_interval(
 ) -> None:
     version = f"ovi-{unique}"
     await _publish(store, version)
-    emb = CachedEmbeddings(store=store, cache_bytes=1 << 20, overlay_check_ms=60_000)
+    emb = CachedEmbeddings(store=store, cache_bytes=1 << 20, overlay_check_ms=300)
     await emb.lookup(version, "item", ["o1"])
     await store.upsert("item", ["o1"], matrix(1, DIM, 3), version=version)
-    stale = await emb.lookup(version, "item", ["o1"])  # cached, checked less than 60 s ago
-    fresh_emb = CachedEmbeddings(store=store, cache_bytes=1 << 20, overlay_check_ms=60_000)
+    stale = await emb.lookup(version, "item", ["o1"])  # cached, checked less than 300 ms ago
+    fresh_emb = CachedEmbeddings(store=store, cache_bytes=1 << 20)
     fresh = await fresh_emb.lookup(version, "item", ["o1"])
     assert not np.array_equal(stale, fresh)
-    emb._overlay_check_s = 0  # the interval passed
+    await asyncio.sleep(0.35)  # the interval passed: the next cache-only batch re-reads it
     np.testing.assert_array_equal(await emb.lookup(version, "item", ["o1"]), fresh)
     await delete_version(store, version, force=True)
 
