@@ -71,6 +71,7 @@ result_cache          string  ``sr:{u:<user>}:res:<version>:<variant>``: the lat
 embedding_meta        hash    ``sr:{emb:<version>:<table>}:meta``: table metadata: dim, encoding,
                               rows, buckets, shards, oov (the encoded OOV row), published_at,
                               publish_id. Written last: a table without it is not published.
+                              Upserts add ``overlay_seq``, ``overlay_id`` and ``overlay_rows``.
                               Lifetime: until ``streamrank embeddings delete``.
                               Writer: ``streamrank publish`` (scoring.embeddings.publish).
                               Readers: scoring workers, ``streamrank embeddings info``.
@@ -88,6 +89,18 @@ embedding_bucket      hash    ``sr:{emb:<version>:<table>:<shard>}:<bucket>``: e
                               Lifetime: until ``streamrank embeddings delete``.
                               Writer: ``streamrank publish``. Reader: the scoring workers' fetch
                               script.
+embedding_overlay     hash    ``sr:{emb:<version>:<table>:<shard>}:ov``: rows upserted after the
+                              publish (``streamrank embeddings upsert``): field = raw id, value =
+                              encoded row, in the shard of the id's base bucket, so the fetch
+                              script reads overlay-then-base in one call; an overlay row wins.
+                              Lifetime: until the version is deleted (a republish starts empty).
+                              Writer: ``streamrank embeddings upsert`` (scoring.embeddings.overlay).
+                              Reader: the scoring workers' fetch script.
+embedding_overlay_id  string  ``sr:{emb:<version>:<table>:<shard>}:ovid``: the table's overlay id
+                              (zero-padded upsert sequence), once per shard, set after the rows
+                              and only ever raised: the fetch script replies the one it saw.
+                              Lifetime: until the version is deleted.
+                              Writer: ``streamrank embeddings upsert``. Reader: the fetch script.
 embedding_versions    set     ``sr:{emb}:versions``: published embedding versions. Version and
                               table names match ``[A-Za-z0-9][A-Za-z0-9._-]*`` (no ``:``, braces or
                               glob characters), so the SCAN pattern ``sr:{emb:<version>:*``
@@ -309,6 +322,16 @@ def embedding_shard_tag(version: str, table: str, shard: int) -> str:
 def embedding_publish_id(version: str, table: str, shard: int) -> str:
     """One shard's copy of the table's publish id (what the fetch script checks)."""
     return f"{PREFIX}:{embedding_shard_tag(version, table, shard)}:pid"
+
+
+def embedding_overlay(version: str, table: str, shard: int) -> str:
+    """Overlay rows of one shard of an embedding table (upserted after its publish)."""
+    return f"{PREFIX}:{embedding_shard_tag(version, table, shard)}:ov"
+
+
+def embedding_overlay_id(version: str, table: str, shard: int) -> str:
+    """One shard's copy of the table's overlay id (what the fetch script replies)."""
+    return f"{PREFIX}:{embedding_shard_tag(version, table, shard)}:ovid"
 
 
 def embedding_shard(bucket: Any, shards: int) -> Any:

@@ -15,8 +15,14 @@ version's rows, and a version deleted and published again under the same name ne
 rows of its first publish (a batch with misses finds out from the fetch reply; its cached rows
 are then fetched again). A publish id has no ``\x1f``, so the first one splits a key
 unambiguously. Keys are strings rather than ``(publish_id, id)`` tuples because Python caches a
-string's hash and recomputes a tuple's on every dict operation (docs/benchmarks.md). Unknown
-ids are cached too (as the table's OOV row), since a publish is immutable.
+string's hash and recomputes a tuple's on every dict operation (docs/benchmarks.md).
+
+With an overlay (rows upserted after the publish, scoring.embeddings.overlay) the prefix is
+the *generation* ``publish_id.overlay_id``: a fetch reply says which overlay id its rows were
+read under, and the cache re-reads the meta's overlay id at most every ``overlay_check_ms``
+when a batch is served from the cache alone. A new overlay id changes every key, so rows an
+upsert replaced, and unknown ids cached as the OOV row that may have gained one, are not
+served again; the old entries age out through the policy.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import numpy.typing as npt
 from prometheus_client import CollectorRegistry
 
 from scoring.embeddings.codec import FloatMatrix, decode_blobs, row_bytes
+from scoring.embeddings.meta import generation
 from scoring.embeddings.metrics import EmbeddingCacheMetrics
 from scoring.embeddings.policy import make_policy
 from scoring.embeddings.store import EmbeddingStore, EncodedRows, TableMeta
@@ -86,6 +93,7 @@ class CachedEmbeddings:
         registry: CollectorRegistry | None = None,
         hold: Hold = "encoded",
         typical_row_bytes: int = 36,
+        overlay_check_ms: float = 1000.0,
     ) -> None:
         if cache_bytes < 0:
             raise ConfigError(f"cache_bytes must be >= 0, got {cache_bytes}")
@@ -107,6 +115,11 @@ class CachedEmbeddings:
         self.metrics.bytes_used.set_function(lambda: self.policy.used)
         self.metrics.entries.set_function(lambda: len(self.policy))
         self._oov: dict[str, bytes] = {}  # the OOV row in the held form, per publish id
+        if overlay_check_ms < 0:
+            raise ConfigError(f"overlay_check_ms must be >= 0, got {overlay_check_ms}")
+        self._overlay_check_s = overlay_check_ms / 1000
+        # (version, table) -> (publish id, overlay id, monotonic time it was last learnt)
+        self._overlays: dict[tuple[str, str], tuple[str, str, float]] = {}
         self._hits = 0
         self._misses = 0
         self._oov_count = 0
@@ -127,6 +140,7 @@ class CachedEmbeddings:
             registry=registry,
             hold=embeddings.cache_hold,
             typical_row_bytes=row_bytes(embeddings.encoding, 32),
+            overlay_check_ms=embeddings.overlay_check_ms,
         )
 
     def _oov_value(self, meta: TableMeta) -> bytes:
@@ -150,6 +164,35 @@ class CachedEmbeddings:
             for k, ok in enumerate(rows.found.tolist())
         ]
 
+    def _generation(self, meta: TableMeta) -> str:
+        """The generation this process last learnt for the table (its publish id alone when
+        none was learnt for that publish)."""
+        known = self._overlays.get((meta.version, meta.table))
+        return generation(
+            meta.publish_id, known[1] if known and known[0] == meta.publish_id else ""
+        )
+
+    def _observe(self, rows: EncodedRows) -> str:
+        """Remember the overlay id a fetch observed; returns its rows' generation."""
+        meta = rows.meta
+        self._overlays[(meta.version, meta.table)] = (
+            meta.publish_id,
+            rows.overlay_id,
+            time.monotonic(),
+        )
+        return rows.generation
+
+    async def _recheck(self, meta: TableMeta) -> str:
+        """The table's generation after re-reading the meta's overlay id, if it was last learnt
+        ``overlay_check_ms`` ago or more: the check for batches served without a fetch."""
+        key = (meta.version, meta.table)
+        known = self._overlays.get(key)
+        now = time.monotonic()
+        if known is None or known[0] != meta.publish_id or now - known[2] >= self._overlay_check_s:
+            overlay_id = await self.store.overlay_id(meta.version, meta.table)
+            self._overlays[key] = (meta.publish_id, overlay_id, now)
+        return self._generation(meta)
+
     async def lookup(self, version: str, table: str, ids: Sequence[str]) -> FloatMatrix:
         """``float32[len(ids), dim]``; ids may repeat; unknown ids get the table's OOV row."""
         return (await self.lookup_found(version, table, ids))[0]
@@ -161,22 +204,31 @@ class CachedEmbeddings:
         (False: it got the OOV row)."""
         unique = list(dict.fromkeys(ids))  # dedupe at C speed; positions only if ids repeat
         meta = await self.store.cached_meta(version, table)  # in memory after the first call
-        keys = cache_keys(meta.publish_id, unique)
+        prefix = self._generation(meta)
+        keys = cache_keys(prefix, unique)
         got = self.policy.get_many(keys)
         miss = [k for k, v in enumerate(got) if v is None]
+        if not miss and await self._recheck(meta) != prefix:
+            prefix = self._generation(meta)  # an upsert became visible: read the batch again
+            keys = cache_keys(prefix, unique)
+            got = self.policy.get_many(keys)
+            miss = [k for k, v in enumerate(got) if v is None]
         if miss:
             fetched = await self._fetch(table, [unique[k] for k in miss], version)
-            if fetched.meta.publish_id != meta.publish_id:
-                # Deleted and published again since `meta` was read: the hits are rows of the
-                # old publish (maybe another encoding), so fetch the whole batch again.
+            if fetched.generation != prefix and len(miss) < len(unique):
+                # Republished, or an overlay upsert became visible, since `prefix`: the hits
+                # may be rows of the old publish (maybe another encoding) or rows an upsert
+                # replaced, so fetch the whole batch again.
+                republished = fetched.meta.publish_id != meta.publish_id
                 meta = fetched.meta
-                keys = cache_keys(meta.publish_id, unique)
                 got, miss = [None] * len(unique), list(range(len(unique)))
                 fetched = await self._fetch(table, unique, version)
-                if fetched.meta.publish_id != meta.publish_id:
+                if republished and fetched.meta.publish_id != meta.publish_id:
                     raise EmbeddingError(
                         f"{version}/{table} changed twice during one lookup; retry"
                     )
+            meta = fetched.meta
+            keys = cache_keys(self._observe(fetched), unique)
             held = self._held(fetched)
             for k, value in zip(miss, held, strict=True):
                 got[k] = value
@@ -202,6 +254,8 @@ class CachedEmbeddings:
         fetched = await self.store.fetch_encoded(table, ids, version=version)
         self.metrics.fetch_seconds.observe(time.perf_counter() - started)
         self.metrics.fetch_rows.observe(len(ids))
+        if fetched.overlay is not None:
+            self.metrics.overlay_rows.inc(int(fetched.overlay.sum()))
         return fetched
 
     def _account(self, *, hits: int, misses: int, oov: int) -> None:
@@ -228,9 +282,9 @@ class CachedEmbeddings:
         loaded = 0
         unique = list(dict.fromkeys(ids))
         for start in range(0, len(unique), chunk):
-            publish_id = (await self.store.cached_meta(version, table)).publish_id
+            prefix = self._generation(await self.store.cached_meta(version, table))
             ids = unique[start : start + chunk]
-            keys = cache_keys(publish_id, ids)
+            keys = cache_keys(prefix, ids)
             part = [u for u, k in zip(ids, keys, strict=True) if k not in self.policy]
             if not part:
                 continue
@@ -238,7 +292,7 @@ class CachedEmbeddings:
             held = self._held(fetched)
             keep = fetched.found.tolist()
             found = [u for u, ok in zip(part, keep, strict=True) if ok]
-            found_keys = cache_keys(fetched.meta.publish_id, found)  # the rows' own publish
+            found_keys = cache_keys(self._observe(fetched), found)  # the rows' own generation
             added = self.policy.preload(
                 found_keys, [h for h, ok in zip(held, keep, strict=True) if ok]
             )

@@ -75,11 +75,20 @@ class PublishReport:
 @dataclass(frozen=True, slots=True)
 class EncodedRows:
     """One fetch's result: ``blob`` holds ``len(found)`` encoded rows back to back (zeros where
-    an id is unknown); ``found[i]`` says whether id ``i`` is in the table."""
+    an id is unknown); ``found[i]`` says whether id ``i`` is in the table (base or overlay).
+    ``overlay_id`` is the table's overlay id the fetch observed ("" when none), ``overlay[i]``
+    whether row ``i`` came from the overlay (None: no row did)."""
 
     meta: TableMeta
     blob: bytes
     found: npt.NDArray[np.bool_]
+    overlay_id: str = ""
+    overlay: npt.NDArray[np.bool_] | None = None
+
+    @property
+    def generation(self) -> str:
+        """What a cache labels these rows with: the publish id, plus the overlay id if any."""
+        return generation(self.meta.publish_id, self.overlay_id)
 
     def decode(self) -> FloatMatrix:
         """``float32[n, dim]``, the table's OOV row where an id is unknown (one vectorised pass)."""
@@ -90,6 +99,12 @@ class EncodedRows:
         if not self.found.all():
             out[~self.found] = meta.oov_row
         return out
+
+
+def generation(publish_id: str, overlay_id: str) -> str:
+    """The label of a table's rows as of one publish and overlay: ``publish_id`` alone, or
+    ``publish_id.overlay_id`` (both hex/decimal, so no ``\x1f``)."""
+    return f"{publish_id}.{overlay_id}" if overlay_id else publish_id
 
 
 def parse_meta(version: str, table: str, raw: dict[bytes, bytes]) -> TableMeta:

@@ -1,10 +1,13 @@
-"""Every Prometheus metric of the embedding cache, built in one place from an injected registry."""
+"""Every Prometheus metric of the embedding cache and the overlay upserts, built in one place
+from an injected registry."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from streamrank.runtime.group_metrics import GroupMetrics, Wording
 
 # Fetch latency buckets (seconds): a loopback round trip is ~0.1-0.5 ms, a remote one a few ms.
 FETCH_BUCKETS = (
@@ -34,6 +37,7 @@ class EmbeddingCacheMetrics:
     entries: Gauge
     fetch_seconds: Histogram
     fetch_rows: Histogram
+    overlay_rows: Counter
 
     @classmethod
     def build(cls, registry: CollectorRegistry | None = None) -> EmbeddingCacheMetrics:
@@ -85,4 +89,47 @@ class EmbeddingCacheMetrics:
                 buckets=(1, 5, 10, 25, 50, 100, 150, 250, 500, 1000),
                 registry=reg,
             ),
+            overlay_rows=Counter(
+                "streamrank_embedding_overlay_rows",
+                "Rows fetched from Redis that came from a table's overlay (upserted rows).",
+                registry=reg,
+            ),
+        )
+
+
+class OverlayMetrics(GroupMetrics):
+    """The metrics of ``streamrank embeddings upsert --topic``: the group family plus upserts."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        super().__init__(
+            registry,
+            prefix="streamrank_overlay",
+            wording=Wording(
+                items="Rows",
+                after="the last upserted batch",
+                committed="upserted rows",
+                topic="the rows topic",
+            ),
+        )
+        r = self.registry
+        self.upserts = Counter(
+            "streamrank_embedding_overlay_upserts",
+            "Upserts applied to a table's overlay (one per file or consumed batch).",
+            registry=r,
+        )
+        self.upserted_rows = Counter(
+            "streamrank_embedding_overlay_upserted_rows",
+            "Rows written into a table's overlay.",
+            registry=r,
+        )
+        self.dead_letters = Counter(
+            "streamrank_overlay_dead_letters",
+            "Rows refused and sent to the dead-letter topic, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.redis_errors = Counter(
+            "streamrank_overlay_redis_errors",
+            "Upserts that met a Redis outage (retried with back-off).",
+            registry=r,
         )

@@ -4,7 +4,8 @@ Layout (see streamrank.keys and docs/embeddings.md): rows of ``(version, table)`
 over ``buckets`` hashes ``sr:{emb:<version>:<table>:<shard>}:<bucket>`` (field = raw id, value =
 the encoded row, scoring.embeddings.codec), few enough rows each to stay in Redis' compact
 ziplist/listpack encoding, grouped into ``shards`` hash tags so a cluster spreads a table over
-its nodes; ``sr:{emb:<version>:<table>}:meta`` is written last and marks the table published. :class:`EmbeddingStore` is the one object callers hold; it publishes through
+its nodes; ``sr:{emb:<version>:<table>}:meta`` is written last and marks the table published.
+Rows upserted later live in the table's overlay (scoring.embeddings.overlay). :class:`EmbeddingStore` is the one object callers hold; it publishes through
 :mod:`scoring.embeddings.publish`, reads through :mod:`scoring.embeddings.fetch`, and removes a
 version's keys (the refusal to delete a serving version is the model registry's:
 :func:`scoring.model.registry.delete_version`).
@@ -22,6 +23,7 @@ import numpy as np
 from scoring.embeddings.codec import FloatMatrix
 from scoring.embeddings.fetch import RowFetcher
 from scoring.embeddings.meta import EncodedRows, FetchMode, PublishReport, TableMeta, parse_meta
+from scoring.embeddings.overlay import OverlayWriter, UpsertReport
 from scoring.embeddings.publish import TablePublisher
 from scoring.embeddings.validate import check_name
 from streamrank import keys
@@ -32,7 +34,14 @@ from streamrank.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EmbeddingStore", "EncodedRows", "FetchMode", "PublishReport", "TableMeta"]
+__all__ = [
+    "EmbeddingStore",
+    "EncodedRows",
+    "FetchMode",
+    "PublishReport",
+    "TableMeta",
+    "UpsertReport",
+]
 
 
 class EmbeddingStore:
@@ -83,6 +92,7 @@ class EmbeddingStore:
         )
         # Publishing a new, immutable table: TablePublisher.publish (refused if it exists).
         self.publish = self._publisher.publish
+        self._overlay = OverlayWriter(redis=redis, table_meta=self.table_meta)
         self._metas: dict[tuple[str, str], TableMeta] = {}
         self.oov_total = 0  # unknown ids served the OOV row (per requested occurrence)
 
@@ -164,6 +174,27 @@ class EmbeddingStore:
             meta = await self.table_meta(version, table)
         raise EmbeddingError(f"{version}/{table} changed twice during one fetch; retry")
 
+    async def upsert(
+        self, table: str, ids: Sequence[str], matrix: Any, *, version: str
+    ) -> UpsertReport:
+        """Write rows of new or changed ids into the overlay of a published table (validated
+        against and encoded with its dim and codec); the next fetch reads them."""
+        return await self._overlay.upsert(table, ids, matrix, version=version)
+
+    async def overlay_id(self, version: str, table: str) -> str:
+        """The table's overlay id as its meta says ("" when it has none or is not published)."""
+        with redis_call(f"reading the overlay id of {version}/{table}"):
+            value = await self.redis.hget(keys.embedding_meta(version, table), "overlay_id")
+        return value.decode() if isinstance(value, bytes) else (value or "")
+
+    async def overlay_info(self, version: str, table: str) -> dict[str, Any]:
+        """``overlay_id`` ("" for none) and ``overlay_rows`` (distinct ids upserted)."""
+        with redis_call(f"reading the overlay of {version}/{table}"):
+            ovid, rows = await self.redis.hmget(
+                keys.embedding_meta(version, table), "overlay_id", "overlay_rows"
+            )
+        return {"overlay_id": ovid.decode() if ovid else "", "overlay_rows": int(rows or 0)}
+
     async def lookup(self, table: str, ids: Sequence[str], *, version: str) -> FloatMatrix:
         """``float32[len(ids), dim]`` rows of ``ids`` (may repeat; unknown ids get the OOV row)."""
         pos: dict[str, int] = {}
@@ -190,8 +221,8 @@ class EmbeddingStore:
         """Remove every embedding key of ``version`` (SCAN + UNLINK in batches, on every master
         of a cluster): the metas first, then the shards' publish ids, so a concurrent reader
         sees UnknownVersion rather than half a table, then the rows, then its entry in the
-        version set. Returns (whether it was listed, keys deleted). Idempotent: a run that died
-        part-way is completed by the next."""
+        version set; the rows include the overlay. Returns (whether it was listed, keys
+        deleted). Idempotent: a run that died part-way is completed by the next."""
         check_name("version", version)
         known = version in await self.versions()
         deleted = await self._delete_matching(keys.embedding_meta_pattern(version))

@@ -19,7 +19,13 @@ from streamrank.runtime.health import Health
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_PORTS = {"features": 9464, "scoring": 9465, "outcomes": 9466, "rollout": 9467}
+DEFAULT_PORTS = {
+    "features": 9464,
+    "scoring": 9465,
+    "outcomes": 9466,
+    "rollout": 9467,
+    "overlay": 9468,
+}
 
 
 def resolve_port(cli_port: int | None, settings_port: int | None, worker_kind: str) -> int:

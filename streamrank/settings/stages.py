@@ -116,6 +116,17 @@ class EmbeddingSettings(Section):
         "cluster, up to this many slots (and masters) hold one table, and a fetch makes up to "
         "this many script calls. Kept per table in its meta; applies to new publishes.",
     )
+    overlay_check_ms: float = Field(
+        1000.0,
+        ge=0,
+        description="How often (at most) the hot-row cache re-reads a table's overlay id when a "
+        "batch is served from the cache alone: an upsert is served within this long (a batch "
+        "with misses learns it from the fetch at once).",
+    )
+    overlay_group_id: str = Field(
+        "streamrank-embeddings-upsert",
+        description="Consumer group of `streamrank embeddings upsert --topic`.",
+    )
 
 
 class ScoringSettings(Section):

@@ -1,8 +1,10 @@
-"""``streamrank embeddings versions|info|delete``: inspect and clean up the embedding store."""
+"""``streamrank embeddings versions|info|delete|upsert``: inspect and clean up the embedding store,
+and upsert rows into a table's overlay (from a file, or a topic as a long-running consumer)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from scoring.embeddings.store import EmbeddingStore
@@ -23,7 +25,71 @@ async def _versions(settings: Settings) -> list[str]:
 
 async def _info(settings: Settings, version: str, tables: list[str]) -> list[dict[str, Any]]:
     async with store_from(settings) as store:
-        return [(await store.table_meta(version, t)).as_dict() for t in tables]
+        return [
+            {
+                **(await store.table_meta(version, t)).as_dict(),
+                **await store.overlay_info(version, t),
+            }
+            for t in tables
+        ]
+
+
+def _read_rows(path: Path, ids_path: Path | None, dim: int, encoding: str) -> tuple[list[str], Any]:
+    """The rows of a JSON-lines file, or of a ``.npy`` matrix with one id per line in ``ids``."""
+    import numpy as np
+
+    from scoring.embeddings.overlay import read_jsonl
+    from streamrank.errors import ConfigError
+
+    if path.suffix == ".npy":
+        if ids_path is None:
+            raise ConfigError(f"{path} is a matrix: give its ids with --ids FILE (one per line)")
+        ids = [line for line in ids_path.read_text().splitlines() if line]
+        return ids, np.load(path, allow_pickle=False)
+    if ids_path is not None:
+        raise ConfigError("--ids goes with a .npy matrix; JSON lines carry their ids")
+    return read_jsonl(str(path), dim=dim, encoding=encoding)
+
+
+async def _upsert(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
+    async with store_from(settings) as store:
+        meta = await store.table_meta(args.version, args.table)
+        ids, matrix = _read_rows(args.file, args.ids, meta.dim, meta.encoding)
+        report = await store.upsert(args.table, ids, matrix, version=args.version)
+        return {**report.as_dict(), **await store.overlay_info(args.version, args.table)}
+
+
+def _run_upsert(args: argparse.Namespace, settings: Settings) -> int:
+    from streamrank.errors import ConfigError
+    from workbench.cli.common import print_json, run_async
+
+    if (args.file is None) == (args.topic is None):
+        raise ConfigError("give either --file PATH or --topic TOPIC")
+    if args.topic is not None:
+        from prometheus_client import CollectorRegistry
+
+        from scoring.embeddings.overlay_worker import OverlayWorker
+        from streamrank.runtime.worker import serve
+
+        worker = OverlayWorker(
+            settings=settings,
+            version=args.version,
+            table=args.table,
+            topic=args.topic,
+            registry=CollectorRegistry(),
+        )
+        serve(worker, metrics_port=args.metrics_port)
+        return 0
+    report = run_async(_upsert(settings, args))
+    if args.json:
+        print_json(report)
+    else:
+        print(
+            f"upserted {report['rows']} rows ({report['new_rows']} new) into the overlay of "
+            f"{args.version}/{args.table}: overlay id {report['overlay_id']}, "
+            f"{report['overlay_rows']} overlay rows"
+        )
+    return 0
 
 
 async def _delete(settings: Settings, version: str, force: bool) -> int:
@@ -75,3 +141,18 @@ def register(sub: Any) -> None:
     for parser in (versions, info, delete):
         parser.add_argument("--json", action="store_true", help="print JSON")
         parser.set_defaults(func=_run)
+    upsert = actions.add_parser(
+        "upsert", help="write rows of new or changed ids into the overlay of a published table"
+    )
+    upsert.add_argument("--version", required=True)
+    upsert.add_argument("--table", default=keys.ITEM_TABLE, help="table (default: item)")
+    upsert.add_argument(
+        "--file", type=Path, help='JSON lines {"id": ..., "vector": [...]}, or a .npy matrix'
+    )
+    upsert.add_argument("--ids", type=Path, help="with a .npy matrix: its ids, one per line")
+    upsert.add_argument(
+        "--topic", help="consume rows (the same JSON) from this topic until stopped (a worker)"
+    )
+    upsert.add_argument("--metrics-port", type=int, default=None, help="with --topic")
+    upsert.add_argument("--json", action="store_true", help="print JSON")
+    upsert.set_defaults(func=_run_upsert)

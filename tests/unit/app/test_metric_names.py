@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from prometheus_client import CollectorRegistry
 
-from scoring.embeddings.metrics import EmbeddingCacheMetrics
+from scoring.embeddings.metrics import EmbeddingCacheMetrics, OverlayMetrics
 from scoring.rollout.metrics import OutcomeMetrics, RolloutMetrics
 from scoring.serving.metrics import ScoringMetrics
 from streams.metrics import FeatureMetrics
@@ -23,6 +23,7 @@ def exported_names() -> set[str]:
     FeatureMetrics(registry)
     ScoringMetrics(registry)
     EmbeddingCacheMetrics.build(registry)
+    OverlayMetrics(registry)
     OutcomeMetrics(registry)
     RolloutMetrics(registry)
     names: set[str] = set()
