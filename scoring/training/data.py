@@ -227,6 +227,23 @@ class Split:
     train_item_counts: IntArray  # [n_items] positives per item in the train split (popularity)
 
 
+def subset(ds: Dataset, rows: npt.NDArray[np.int64], *, name: str | None = None) -> Dataset:
+    """The events at ``rows`` (in that order) as a dataset of their own: its item vocabulary
+    holds only the items they touch, the category vocabulary stays the whole catalogue's."""
+    genre_lists = {ds.items[i]: [ds.genres[g] for g, m in zip(ds.item_genres[i], ds.genre_mask[i],
+                                                              strict=True) if m]
+                   for i in range(len(ds.items))}  # fmt: skip
+    return _build(
+        name or ds.name,
+        ds.user_ids[rows].tolist(),
+        [ds.items[i] for i in ds.item_index[rows].tolist()],
+        ds.ts[rows].tolist(),
+        genre_lists,
+        f"{ds.sha256}:{len(rows)}",
+        ds.users,
+    )
+
+
 def time_order(ds: Dataset) -> IntArray:
     """Event rows sorted by (ts, event_id) over all users: the log as it happened."""
     return np.lexsort((np.arange(ds.n_events), ds.ts))  # last key is primary

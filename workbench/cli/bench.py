@@ -73,6 +73,12 @@ def _rollout() -> ModuleType:
     return rollout
 
 
+def _loop() -> ModuleType:
+    from workbench.bench import loop
+
+    return loop
+
+
 def _drive() -> ModuleType:
     from workbench.bench import drive
 
@@ -111,6 +117,10 @@ BENCHMARKS: dict[str, tuple[Callable[[], ModuleType], str]] = {
     "rollout": (
         _rollout,
         "staged rollouts on ml-100k decided by online metrics (good, bad, equal)",
+    ),
+    "loop": (
+        _loop,
+        "the learning loop on ml-100k in time order: retrained every day vs frozen, new items",
     ),
     "rebalance": (_rebalance, "reply pauses when consumer-group membership changes"),
     "drive": (_drive, "steady clicks and rank requests, every message and reply recorded"),

@@ -258,6 +258,7 @@ def test_topics_cli_creates_the_default_topics(stack: object, unique: str) -> No
         STREAMRANK_TOPIC_REQUESTS=f"q-{unique}",
         STREAMRANK_TOPIC_RESULTS=f"r-{unique}",
         STREAMRANK_TOPIC_DEAD_LETTERS=f"d-{unique}",
+        STREAMRANK_ITEMS_TOPIC=f"i-{unique}",
     )
     result = cli("topics", "create", "--partitions", "2", "--json", env=env)
     assert result.returncode == 0, result.stderr
@@ -266,6 +267,7 @@ def test_topics_cli_creates_the_default_topics(stack: object, unique: str) -> No
         f"q-{unique}": "created",
         f"r-{unique}": "created",
         f"d-{unique}": "created",
+        f"i-{unique}": "created",
     }
 
 
