@@ -53,6 +53,7 @@ def _schema() -> Any:
             ("history_actions", strings), ("items", strings), ("ranks", pa.list_(pa.int32())),
             ("labels", pa.list_(pa.int8())), ("scores", pa.list_(pa.float64())),
             ("codes", ints), ("counters", pa.list_(ints)),
+            ("cold_start", pa.map_(pa.string(), strings)),
         ]
     )  # fmt: skip
 
@@ -91,7 +92,9 @@ def read_samples(path: Path, fmt: str | None = None) -> list[ServedSample]:
     if format_of(path, fmt) == "parquet":
         import pyarrow.parquet as pq
 
-        rows = pq.read_table(path, columns=list(COLUMNS)).to_pylist()
+        present = set(pq.read_schema(path).names)  # a file exported before cold_start existed
+        columns = [c for c in COLUMNS if c != "cold_start" or c in present]
+        rows = pq.read_table(path, columns=columns).to_pylist()
     else:
         with open(path, "rb") as fh:
             rows = [orjson.loads(line) for line in fh if line.strip()]

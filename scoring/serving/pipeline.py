@@ -351,6 +351,7 @@ class Cascade:
             now_ms=self._clock_ms(), items=job.candidates,
         )  # fmt: skip
         record = None
+        cold = cold_for(job.cold, job.history_ids(), result.items) or None
         if self._log_served and result.items:
             if degraded:
                 record = degraded_record(
@@ -361,13 +362,13 @@ class Cascade:
                 record = served_record(
                     job.request, job.version, job.history, result.scores, result.served_at,
                     latency_ms=latency_ms(result), features=job.served, items=result.items,
-                    cold_start=cold_for(job.cold, job.history_ids(), result.items),
+                    cold_start=cold,
                 )  # fmt: skip
         if degraded:
             return Ranked(result, record), None
         features = None if job.served is None else job.served.to_json()
         return Ranked(result, record), CachedResult(
-            job.sequence, result.items, result.scores, features
+            job.sequence, result.items, result.scores, features, cold
         )
 
     def _from_cache(self, job: Job, hit: CachedResult, start: float, sequence_ms: float) -> Ranked:
@@ -382,7 +383,7 @@ class Cascade:
             record = served_record(
                 job.request, job.version, job.history, result.scores, result.served_at,
                 latency_ms=latency_ms(result), features=features, items=result.items,
-                cached=True,
+                cached=True, cold_start=hit.cold_start,
             )  # fmt: skip
         return Ranked(result, record)
 

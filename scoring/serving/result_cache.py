@@ -78,13 +78,15 @@ class ResultKey:
 
 @dataclass(frozen=True, slots=True)
 class CachedResult:
-    """A reply's items and scores, the sequence version it was computed for, and the served
-    features of its items (for the served log; None when the version has none)."""
+    """A reply's items and scores, the sequence version it was computed for, and for the served
+    log the served features of its items (None when the version has none) and its cold-start
+    map (the items scored with a cold-start vector -> the categories used; None: none)."""
 
     sequence: str
     items: tuple[str, ...]
     scores: tuple[float, ...]
     features: dict[str, Any] | None = None
+    cold_start: dict[str, list[str]] | None = None
 
     def to_json(self) -> bytes:
         return orjson.dumps(
@@ -93,6 +95,7 @@ class CachedResult:
                 "items": self.items,
                 "scores": self.scores,
                 "features": self.features,
+                "cold_start": self.cold_start,
             }
         )
 
@@ -103,8 +106,12 @@ class CachedResult:
             obj = orjson.loads(raw)
             items = tuple(str(i) for i in obj["items"])
             scores = tuple(float(s) for s in obj["scores"])
-            result = cls(str(obj["sequence"]), items, scores, obj.get("features"))
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            cold = obj.get("cold_start")
+            cold_start = (
+                None if not cold else {str(i): [str(n) for n in v] for i, v in cold.items()}
+            )
+            result = cls(str(obj["sequence"]), items, scores, obj.get("features"), cold_start)
+        except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a cached result: {exc}") from None
         if len(items) != len(scores):
             raise ValueError(f"cached result with {len(items)} items and {len(scores)} scores")

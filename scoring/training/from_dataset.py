@@ -1,10 +1,12 @@
 """Training DIN on samples exported from the served log, alone or warm-started from a version.
 
 The item vectors are trained per id directly (the served log carries ids, not categories): the
-table starts from the warm-start version's rows (items it does not know start at its OOV row,
-the vector they were served with), or at random without one. The dense weights start from the
-version's, its feature spec is kept (so the side inputs mean what they meant when served) and
-its category table is shipped on. Without a warm start the spec is the sequence, plus the
+table starts from the warm-start version's rows (an item it does not know starts at the vector
+it was served with: its cold-start vector when the samples logged categories for it, else the
+OOV row), or at random without one. The dense weights start from the version's, its feature
+spec is kept (so the side inputs mean what they meant when served) and its cold-start parts
+(category table and vocabulary, new-item vector) are shipped on, so the new version can still
+cold-start items it has never seen. Without a warm start the spec is the sequence, plus the
 counters when every sample logged them. The last ``valid_share`` of the requests by time are
 held out; every epoch is scored on them through the serving path, and the best on validation
 GAUC becomes the version. Zero epochs export the warm-start version's model under a new id.
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from scoring.model.artifact import Artifact, save_artifact
+from scoring.model.coldstart import NEW_ITEM_TABLE, ColdStart
 from scoring.model.din import DIN, TABLE_PREFIX, DinScorer, ModelSpec, dense_state
 from scoring.model.features import FeatureSpec
 from scoring.model.side import SideInputs
@@ -90,6 +93,7 @@ class Start:
     item_ids: list[str]
     category_table: Tensor | None
     warm: Artifact | None
+    cold: ColdStart | None = None  # the warm-start version's cold-start parts, shipped on
 
 
 def vocabulary(samples: Sequence[ServedSample], warm: Artifact | None) -> list[str]:
@@ -129,9 +133,31 @@ def start_from(
     net.load_state_dict({k: v for k, v in state.items() if not k.startswith(TABLE_PREFIX)})
     table = np.repeat(warm.oov_row[None], len(item_ids), axis=0)  # new items: the OOV row
     table[: len(warm.item_ids)] = warm.item_table
-    features = warm.scorer().features
+    scorer = warm.scorer()
+    if scorer.cold_start is not None:  # new items served cold: their cold vectors
+        row = {item: r for r, item in enumerate(item_ids)}
+        for item, vector in served_cold(samples, set(warm.item_ids), scorer.cold_start).items():
+            table[row[item]] = vector
     category = state.get(f"{TABLE_PREFIX}category")
-    return Start(TableRanker(table, net), features, item_ids, category, warm)
+    return Start(TableRanker(table, net), scorer.features, item_ids, category, warm,
+                 scorer.cold_start)  # fmt: skip
+
+
+def served_cold(
+    samples: Sequence[ServedSample], known: Collection[str], cold: ColdStart
+) -> dict[str, npt.NDArray[np.float32]]:
+    """The cold vectors (by ``cold``) of the items not in ``known`` that the samples logged
+    categories for; an item logged with different categories over time takes its latest."""
+    latest: dict[str, tuple[str, ...]] = {}
+    for s in sorted(samples, key=lambda s: (s.served_at, s.request_id)):
+        for item, logged in (s.cold_start or {}).items():
+            names = cold.used(logged)
+            if item not in known and names:
+                latest[item] = tuple(names)
+    if not latest:
+        return {}
+    vectors = cold.vectors(list(latest.values()))
+    return dict(zip(latest, vectors, strict=True))
 
 
 @dataclass
@@ -144,11 +170,13 @@ class DatasetTrainResult:
     category_table: Tensor | None
     warm_version: str | None
     metrics: dict[str, Any]
+    cold: ColdStart | None = None  # the warm-start version's cold-start parts
 
     def served(self, encoding: str) -> ServedModel:
         """The trained version as it would be served."""
         table = self.ranker.items.weight.detach().numpy().astype(np.float32)
         scorer = DinScorer(self.ranker.net, features=self.features)
+        scorer.cold_start = self.cold
         return ServedModel.from_parts(
             "trained", scorer, self.item_ids, table, table.mean(0), encoding
         )
@@ -230,7 +258,7 @@ def _train(samples: Sequence[ServedSample], cfg: DatasetTrainConfig, warm: Artif
     labels = torch.tensor([float(train[i].labels[j]) for i, j in zip(*pairs, strict=True)])
     ranker = start.ranker
     result = DatasetTrainResult(ranker, start.features, start.item_ids, start.category_table,
-                                warm.version if warm else None, {})  # fmt: skip
+                                warm.version if warm else None, {}, start.cold)  # fmt: skip
     opt = torch.optim.Adam(ranker.parameters(), lr=cfg.lr)
     generator = torch.Generator().manual_seed(cfg.seed)
     log: list[dict[str, Any]] = []
@@ -296,6 +324,12 @@ def export_from_dataset(
         "candidate": "one item vector per candidate; C candidates share one history",
         "inputs": result.features.to_json(),
     }
+    state = dense_state(net, result.category_table)
+    if result.cold is not None:  # the warm-start version's cold-start parts, shipped on
+        state[NEW_ITEM_TABLE] = torch.from_numpy(np.ascontiguousarray(result.cold.new_item))
+        vocab = sorted(result.cold.vocabulary, key=result.cold.vocabulary.__getitem__)
+        feature_spec["category"] = {"source": "the warm-start version's", "combine": "mean",
+                                    "vocabulary": vocab}  # fmt: skip
     train = {
         **cfg.to_json(),
         "history_len": result.features.sequence_length,
@@ -305,7 +339,7 @@ def export_from_dataset(
     return save_artifact(
         out_dir,
         spec=net.spec,
-        dense_state=dense_state(net, result.category_table),
+        dense_state=state,
         item_ids=list(result.item_ids),
         item_table=table,
         oov_row=table.mean(axis=0),

@@ -18,8 +18,9 @@ from typing import Any
 COLUMNS: tuple[str, ...] = (
     "request_id", "user_id", "model_version", "ts", "served_at", "history_items", "history_ts",
     "history_event_ids", "history_actions", "items", "ranks", "labels", "scores", "codes",
-    "counters",
+    "counters", "cold_start",
 )  # fmt: skip
+ColdUsed = Mapping[str, tuple[str, ...]]  # item id -> the categories its cold vector was built from
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,8 @@ class ServedSample:
     scores: tuple[float, ...]  # the served scores
     codes: tuple[int, ...] | None = None  # categorical codes of the request (spec order)
     counters: tuple[tuple[int, ...], ...] | None = None  # raw counts [C, F] per item
+    # items (shown or in the history) served with a cold-start vector -> the categories used
+    cold_start: ColdUsed | None = field(default=None, hash=False)
 
     def to_row(self) -> dict[str, Any]:
         """The sample as one row of plain values, keys in :data:`COLUMNS` order."""
@@ -53,6 +56,8 @@ class ServedSample:
             "ranks": list(self.ranks), "labels": list(self.labels), "scores": list(self.scores),
             "codes": None if self.codes is None else list(self.codes),
             "counters": None if self.counters is None else [list(r) for r in self.counters],
+            "cold_start": None if self.cold_start is None
+            else {item: list(names) for item, names in self.cold_start.items()},
         }  # fmt: skip
 
     @classmethod
@@ -73,7 +78,17 @@ class ServedSample:
             scores=tuple(float(s) for s in row["scores"]),
             codes=None if codes is None else tuple(int(c) for c in codes),
             counters=None if counters is None else tuple(tuple(int(v) for v in r) for r in counters),
+            cold_start=cold_used(row.get("cold_start")),
         )  # fmt: skip
+
+
+def cold_used(value: Any) -> ColdUsed | None:
+    """A logged cold-start map (a JSON object, or the ``(key, value)`` pairs of a Parquet map)
+    as ``{item: (category, ...)}``; None when absent or empty."""
+    if not value:
+        return None
+    pairs = value.items() if isinstance(value, Mapping) else value
+    return {str(item): tuple(str(n) for n in names) for item, names in pairs}
 
 
 @dataclass
@@ -168,6 +183,7 @@ def _sample(record: Mapping[str, Any], outcome: Mapping[str, Any]) -> ServedSamp
         labels=tuple(int(i in clicked) for i in items), scores=scores,
         codes=None if codes is None else tuple(int(c) for c in codes),
         counters=None if counters is None else tuple(tuple(int(v) for v in r) for r in counters),
+        cold_start=cold_used(record.get("cold_start")),
     )  # fmt: skip
 
 

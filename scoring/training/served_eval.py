@@ -1,7 +1,9 @@
 """Scoring served samples again with any version, as served, and ranking metrics on them.
 
 A version is rescored with its own weights and its item table after a trip through the store's
-encoding (what the embedding store returns), unknown ids taking its OOV row, and the side inputs
+encoding (what the embedding store returns), unknown ids taking its OOV row, or the cold-start
+vector the version builds from the categories the sample logged for them (as served: the one
+definition, :meth:`scoring.model.coldstart.ColdStart.vectors`), and the side inputs
 built from the sample's logged raw values through the transforms of
 :mod:`scoring.model.features`, the same ones the scoring worker applies. So a sample rescored
 with the version that served it reproduces the logged scores, and two versions can be compared
@@ -19,6 +21,7 @@ import numpy.typing as npt
 
 from scoring.embeddings.codec import roundtrip
 from scoring.model.artifact import Artifact
+from scoring.model.coldstart import ColdStart
 from scoring.model.din import DenseWeights, DinScorer
 from scoring.model.features import COUNTERS, FeatureSpec, action_codes, dense_counters
 from scoring.model.side import SideArrays
@@ -131,17 +134,61 @@ class ServedModel:
     def row_of(self, item: str) -> int:
         return self.rows.get(item, len(self.table) - 1)
 
+    @property
+    def cold(self) -> ColdStart | None:
+        """The version's cold-start parts (None: unknown items keep the OOV row)."""
+        return self.scorer.cold_start
+
+
+def cold_rows(
+    model: ServedModel, sample: ServedSample, memo: dict[tuple[str, ...], Any] | None = None
+) -> dict[str, npt.NDArray[np.float32]]:
+    """The vectors of the sample's items that ``model`` does not know and that were served
+    cold: built by the version's own cold-start parts from the logged categories (those in its
+    vocabulary; none left, or no parts: the OOV row, as serving does). ``memo``: vectors by
+    categories, shared across samples."""
+    cold = model.cold
+    if cold is None or not sample.cold_start:
+        return {}
+    memo = {} if memo is None else memo
+    out: dict[str, npt.NDArray[np.float32]] = {}
+    for item, logged in sample.cold_start.items():
+        names = cold.used(logged)
+        if item in model.rows or not names:
+            continue
+        key = tuple(names)
+        if key not in memo:
+            memo[key] = cold.vectors([names])[0]
+        out[item] = memo[key]
+    return out
+
+
+def _put_cold(
+    rows: npt.NDArray[np.float32], ids: Sequence[str], vectors: Mapping[str, Any]
+) -> None:
+    """Replace, in place, the rows (aligned with ``ids``) of the items in ``vectors``."""
+    for k, item in enumerate(ids):
+        if item in vectors:
+            rows[k] = vectors[item]
+
 
 def rescore_samples(
     model: ServedModel, samples: Sequence[ServedSample], *, batch_size: int = 64
 ) -> list[npt.NDArray[np.float32]]:
-    """Each sample's items scored by ``model`` (probabilities, aligned with ``items``)."""
+    """Each sample's items scored by ``model`` (probabilities, aligned with ``items``); items it
+    does not know that were served cold get their cold vectors (:func:`cold_rows`)."""
     out: list[npt.NDArray[np.float32]] = []
+    memo: dict[tuple[str, ...], Any] = {}
     for start in range(0, len(samples), batch_size):
         part = samples[start : start + batch_size]
         batch = build_batch(part, model.scorer.features, model.row_of)
         hist = model.table[batch.hist] * batch.hist_mask[..., None]  # [B, L, d]
         cands = model.table[batch.cand] * batch.cand_mask[..., None]  # [B, C, d]
+        for i, s in enumerate(part):
+            vectors = cold_rows(model, s, memo)
+            if vectors:
+                _put_cold(hist[i], s.history_items, vectors)
+                _put_cold(cands[i], s.items, vectors)
         probs = model.scorer.score(hist, batch.hist_mask, cands, batch.cand_mask, batch.side)
         out.extend(probs[i, : len(s.items)].astype(np.float32) for i, s in enumerate(part))
     return out

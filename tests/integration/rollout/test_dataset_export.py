@@ -1,8 +1,9 @@
 """Training data from what was served, through the real workers: a scoring worker logs what it
 served, the outcomes worker closes each request's outcome, `dataset export` joins both topics;
-every exported sample rescored with its version reproduces the logged scores, its labels are
-the clicks, redelivered and degraded records are left out, and `train --from-dataset` with zero
-epochs from that version reproduces it too."""
+every exported sample rescored with its version reproduces the logged scores (an item served
+with its cold-start vector included), its labels are the clicks, redelivered and degraded
+records are left out, and `train --from-dataset` with zero epochs from that version reproduces
+it too."""
 
 from __future__ import annotations
 
@@ -16,13 +17,14 @@ import pytest
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
 
-from schemas import ClickEvent
+from schemas import ClickEvent, ItemEvent
 from scoring.client import RankClient
 from scoring.model.artifact import load_artifact
 from scoring.training.served_eval import ServedModel, rescore_samples
 from streamrank import clock
 from streamrank.kafka.topics import create_topics
 from streamrank.settings import Settings
+from streams.items import ItemWriter
 from tests.integration.rollout.test_outcomes_worker import outcomes_worker
 from tests.integration.support.scoring import (
     item_ids,
@@ -53,7 +55,10 @@ async def test_exported_samples_rescore_to_the_logged_scores(
     )  # fmt: skip
     await create_topics(settings)
     known = item_ids(tiny_artifacts[0])
-    items = [*known[30:37], "never-trained"]  # an id the version does not know: its OOV row
+    fresh = f"fresh-{unique}"  # unknown to the version, with attributes: its cold vector
+    event = ItemEvent(fresh, "c1", clock.now_ms(), {"genres": ("c3",)})
+    assert await ItemWriter(redis=redis).apply([event]) == 1
+    items = [*known[30:37], "never-trained", fresh]  # never-trained: no attributes, OOV row
     users = [f"ds-{unique}-{n}" for n in range(USERS)]
     for n, user in enumerate(users):
         await write_sequence(
@@ -88,6 +93,7 @@ async def test_exported_samples_rescore_to_the_logged_scores(
     assert manifest["rows"] == USERS and manifest["served_versions"] == [version]
     assert manifest["counts"]["duplicate"] == 1 and manifest["counts"]["degraded"] == 1
     samples = read_samples(out)
+    assert all(s.cold_start == {fresh: ("c1", "c3")} for s in samples)
     by_id = {r.request_id: r for r in results}
     for s in samples:
         assert list(s.scores) == list(by_id[s.request_id].scores)

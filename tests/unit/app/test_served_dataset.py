@@ -28,6 +28,7 @@ def samples() -> list[ServedSample]:
         history_event_ids=("e1", "e2"), history_actions=("click", None), items=("i3", "i4"),
         ranks=(2, 1), labels=(0, 1), scores=(0.123456789012, 0.987654321),
         codes=(3, 0, 7), counters=((1, 2, 3, 4, 5), (0, 0, 0, 0, 2**40)),
+        cold_start={"i4": ("Action", "Comedy"), "i2": ("Drama",)},
     )  # fmt: skip
     bare = ServedSample(
         request_id="r2", user_id="u2", model_version="v2", ts=1_700_000_100_000,
@@ -54,6 +55,32 @@ def test_parquet_columns_are_typed(tmp_path: Path) -> None:
     assert str(schema.field("labels").type) == "list<element: int8>"
     assert str(schema.field("scores").type) == "list<element: double>"
     assert str(schema.field("counters").type) == "list<element: list<element: int64>>"
+    cold = schema.field("cold_start").type
+    assert str(cold.key_type) == "string" and str(cold.item_type) == "list<element: string>"
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_cold_start_is_an_object_per_row_and_null_without_cold_items(
+    tmp_path: Path, fmt: str
+) -> None:
+    path = tmp_path / f"s.{fmt}"
+    write_samples(path, samples(), fmt)  # type: ignore[arg-type]
+    if fmt == "jsonl":
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        assert rows[0]["cold_start"] == {"i4": ["Action", "Comedy"], "i2": ["Drama"]}
+        assert rows[1]["cold_start"] is None
+    back = read_samples(path)
+    assert back[0].cold_start == {"i4": ("Action", "Comedy"), "i2": ("Drama",)}
+    assert back[1].cold_start is None
+
+
+def test_a_parquet_file_exported_before_cold_start_reads(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "old.parquet"
+    write_samples(path, samples(), "parquet")
+    pq.write_table(pq.read_table(path).drop_columns(["cold_start"]), path)
+    assert [s.cold_start for s in read_samples(path)] == [None, None]
 
 
 def test_manifest_records_the_file_and_refuses_a_changed_one(tmp_path: Path) -> None:

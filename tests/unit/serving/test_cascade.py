@@ -87,6 +87,7 @@ class Rig:
         settings: CascadeSettings = SETTINGS,
         features: Features | None = None,
         cache_clock: FakeClock | None = None,
+        embeddings: Embeddings | None = None,
         **kw: Any,
     ) -> None:
         self.state = state
@@ -98,7 +99,7 @@ class Rig:
         )  # fmt: skip
         self.service = RankService(
             features=self.features,
-            embeddings=Embeddings(),
+            embeddings=embeddings or Embeddings(),
             serving=lambda: self.state,
             breaker=CircuitBreaker(failures=2, cooldown_s=60.0),
             metrics=self.metrics,

@@ -63,6 +63,10 @@ def test_keys_differ_by_what_shapes_the_result() -> None:
 def test_a_cached_result_survives_json() -> None:
     original = CachedResult("9:e2", ("a", "b"), (0.5, 0.25), {"as_of": 7, "codes": [1]})
     assert CachedResult.from_json(original.to_json()) == original
+    cold = CachedResult("9:e2", ("a", "b"), (0.5, 0.25), None, {"b": ["Action", "Comedy"]})
+    assert CachedResult.from_json(cold.to_json()) == cold
+    with pytest.raises(ValueError, match="not a cached result"):
+        CachedResult.from_json(b'{"sequence": "x", "items": [], "scores": [], "cold_start": [1]}')
     with pytest.raises(ValueError, match="not a cached result"):
         CachedResult.from_json(b'{"items": ["a"]}')
     with pytest.raises(ValueError, match="1 items and 2 scores"):

@@ -106,6 +106,15 @@ def test_rows_round_trip_and_name_every_column() -> None:
     assert ServedSample.from_row(row) == sample
 
 
+def test_the_cold_start_map_is_carried_and_absent_for_records_without_one() -> None:
+    cold = record("r1", cold_start={"b": ["Action", "Comedy"], "y": ["Drama"]})
+    result = join_served([cold, record("r2")], [outcome("r1", []), outcome("r2", [])])
+    by_id = {s.request_id: s for s in result.samples}
+    assert by_id["r1"].cold_start == {"b": ("Action", "Comedy"), "y": ("Drama",)}
+    assert by_id["r2"].cold_start is None
+    assert ServedSample.from_row(by_id["r1"].to_row()) == by_id["r1"]
+
+
 def test_time_split_holds_out_the_latest_requests() -> None:
     records = [record(f"r{k}", served_at=1_000 + k) for k in range(10)]
     samples = join_served(records, [outcome(f"r{k}", []) for k in range(10)]).samples
