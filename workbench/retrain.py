@@ -89,6 +89,13 @@ async def _cycle(redis: Any, settings: Settings, plan: CyclePlan, started: int) 
                             f"(fewer than {r.gate_min_samples}): not enough served log yet",
                             active=active, dataset=dataset)  # fmt: skip
     base = _active_artifact(active, plan.artifacts_dir)
+    if r.incremental and r.warm_start:
+        train = served_after(train, trained_until(base))
+    if len(train) < r.gate_min_samples:
+        return RetrainCycle(started, clock.now_ms(), "skipped",
+                            f"{len(train)} requests to train on since the active version's data "
+                            f"(fewer than {r.gate_min_samples})", active=active,
+                            dataset=dataset)  # fmt: skip
     candidate = train_candidate(settings, plan, train, warm=base if r.warm_start else None,
                                 dataset_path=Path(dataset["path"]))  # fmt: skip
     decision = gate(candidate, base, holdout, settings)
@@ -109,6 +116,21 @@ async def _cycle(redis: Any, settings: Settings, plan: CyclePlan, started: int) 
     return RetrainCycle(started, clock.now_ms(), "published", f"{decision.reason}; {how}",
                         active=active, candidate=candidate.version, gate=decision.to_json(),
                         dataset=dataset)  # fmt: skip
+
+
+def trained_until(artifact: Artifact | None) -> int | None:
+    """The newest served_at among the requests ``artifact`` was trained on (None: it was not
+    trained on the served log)."""
+    if artifact is None:
+        return None
+    samples = (artifact.config.get("metrics") or {}).get("samples") or {}
+    newest = (samples.get("served_at") or {}).get("max")
+    return int(newest) if newest is not None else None
+
+
+def served_after(samples: Sequence[ServedSample], until_ms: int | None) -> list[ServedSample]:
+    """The requests served after ``until_ms`` (all of them when None)."""
+    return list(samples) if until_ms is None else [s for s in samples if s.served_at > until_ms]
 
 
 def _active_artifact(active: str | None, artifacts_dir: Path) -> Artifact | None:

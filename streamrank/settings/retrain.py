@@ -28,6 +28,11 @@ class RetrainSettings(Section):
     warm_start: bool = Field(
         True, description="Start from the active version's weights (false: from scratch)."
     )
+    incremental: bool = Field(
+        True,
+        description="Train only on requests served after the ones the active version was "
+        "trained on (false: the whole exported window).",
+    )
     gate_metric: Literal["gauc", "auc", "hr@10"] = Field(
         "gauc", description="Held-out metric the candidate must not be worse on."
     )

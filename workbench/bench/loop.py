@@ -25,8 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from streamrank.settings import Settings
-from workbench.bench.loop_sim import LoopPlan, later_half_gain, period_figures, periods, plan_loop
-from workbench.bench.rollout_sim import say
+from workbench.bench.loop_sim import (
+    LoopPlan,
+    later_half_gain,
+    period_figures,
+    periods,
+    plan_loop,
+    say,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -12,9 +12,8 @@ from typing import Any
 
 from scoring.model.artifact import Artifact
 from streamrank.settings import Settings
-from workbench.bench.loop_sim import LoopPlan, unseen_scoring
+from workbench.bench.loop_sim import LoopPlan, say, unseen_scoring
 from workbench.bench.loop_traffic import ArmTraffic
-from workbench.bench.rollout_sim import say
 
 
 async def _reset_pointers(redis: Any, version: str) -> None:

@@ -4,6 +4,7 @@ days, the candidates of each request, and the figures from what the arms were se
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,10 @@ from scoring.training.data import Dataset, time_order
 from scoring.training.served_data import ranks_by_score
 
 DAY_S = 86_400
+
+
+def say(message: str) -> None:
+    print(f"bench loop: {message}", file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True, slots=True)
