@@ -174,6 +174,8 @@ def train_candidate(
     """Train on the cycle's training share (warm-started from ``warm``) and export it."""
     cfg = DatasetTrainConfig(
         epochs=settings.retrain.epochs,
+        lr=settings.retrain.lr,
+        negatives=settings.retrain.negatives or None,
         threads=settings.scoring.torch_threads,
         encoding=settings.embeddings.encoding,
         history_len=settings.features.sequence_length,

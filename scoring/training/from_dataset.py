@@ -61,12 +61,14 @@ class DatasetTrainConfig:
     history_len: int = 50  # without a warm start: the spec's history length
     bucket_s: tuple[int, int] = (300, 3600)  # without a warm start: the counters' buckets
     spec: ModelSpec = field(default_factory=ModelSpec)  # without a warm start: the dims
+    negatives: int | None = None  # non-clicked items kept per clicked one (None: all)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "epochs": self.epochs, "batch_size": self.batch_size, "lr": self.lr,
             "seed": self.seed, "valid_share": self.valid_share, "threads": self.threads,
             "history_len": self.history_len, "bucket_s": list(self.bucket_s),
+            "negatives": self.negatives,
         }  # fmt: skip
 
 
@@ -188,6 +190,28 @@ def _flat(batch: Batch) -> tuple[IntPair, IntPair]:
     return rows.astype(np.int64), cols.astype(np.int64)
 
 
+def keep_negatives(
+    pairs: tuple[IntPair, IntPair], labels: npt.NDArray[np.float32], per_click: int, seed: int
+) -> tuple[IntPair, IntPair]:
+    """Every clicked impression and, per request, ``per_click`` times as many non-clicked ones
+    drawn at random (a request without a click keeps none): the positive share the warm-start
+    version was trained at, not the served lists' one click in a hundred."""
+    rng = np.random.default_rng(seed)
+    rows = pairs[0]
+    keep = labels > 0  # [P]
+    clicks = np.bincount(rows[keep], minlength=int(rows.max(initial=-1)) + 1)  # [B]
+    order = rng.permutation(len(rows))  # a random rank among each request's negatives
+    negative = order[~keep[order]]
+    seen = np.zeros_like(clicks)
+    for p in negative.tolist():
+        r = rows[p]
+        if seen[r] < per_click * clicks[r]:
+            seen[r] += 1
+            keep[p] = True
+    where = np.flatnonzero(keep)
+    return rows[where], pairs[1][where]
+
+
 def _step_inputs(
     batch: Batch, si: IntPair, ci: IntPair
 ) -> tuple[Tensor, Tensor, Tensor, SideInputs]:
@@ -255,7 +279,11 @@ def _train(samples: Sequence[ServedSample], cfg: DatasetTrainConfig, warm: Artif
     row = {item: r for r, item in enumerate(start.item_ids)}
     batch = build_batch(train, start.features, row.__getitem__)
     pairs = _flat(batch)
-    labels = torch.tensor([float(train[i].labels[j]) for i, j in zip(*pairs, strict=True)])
+    flat = np.array([train[i].labels[j] for i, j in zip(*pairs, strict=True)], np.float32)  # [P]
+    if cfg.negatives is not None:
+        pairs = keep_negatives(pairs, flat, cfg.negatives, cfg.seed)
+        flat = np.array([train[i].labels[j] for i, j in zip(*pairs, strict=True)], np.float32)
+    labels = torch.from_numpy(flat)
     ranker = start.ranker
     result = DatasetTrainResult(ranker, start.features, start.item_ids, start.category_table,
                                 warm.version if warm else None, {}, start.cold)  # fmt: skip

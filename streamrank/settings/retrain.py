@@ -25,6 +25,13 @@ class RetrainSettings(Section):
         description="Latest share of the exported requests held out for the gate (not trained on).",
     )
     epochs: int = Field(2, ge=0, description="Training epochs per cycle over the exported data.")
+    lr: float = Field(5e-4, gt=0, description="Learning rate of a cycle's training (Adam).")
+    negatives: int = Field(
+        4,
+        ge=0,
+        description="Non-clicked items trained on per clicked one, drawn from each request "
+        "(0: all of them).",
+    )
     warm_start: bool = Field(
         True, description="Start from the active version's weights (false: from scratch)."
     )

@@ -86,7 +86,7 @@ def train_from_dataset(args: argparse.Namespace, settings: Settings) -> int:
         encoding=args.encoding or (warm.encoding if warm else settings.embeddings.encoding),
         history_len=settings.features.sequence_length,
         bucket_s=(settings.features.counter_bucket_s, settings.features.counter_coarse_bucket_s),
-        spec=ModelSpec(),
+        spec=ModelSpec(), negatives=args.keep_negatives or None,
     )  # fmt: skip
     result = train_from_samples(samples, cfg, warm=warm, progress=not args.no_progress)
     path = export_from_dataset(result, cfg, info, args.out or settings.tools.artifacts_dir)
@@ -115,6 +115,10 @@ def add_train_flags(train: Any) -> None:
     train.add_argument("--warm-start", default=None, metavar="VERSION_OR_DIR",
                        help="with --from-dataset: start from this artifact's weights and item "
                        "vectors (a version under artifacts_dir, or its directory)")  # fmt: skip
+    train.add_argument("--keep-negatives", type=int, default=0, metavar="K",
+                       help="with --from-dataset: train on K non-clicked items per clicked one "
+                       "from each request (default 0: all; retrain uses "
+                       "STREAMRANK_RETRAIN_NEGATIVES)")  # fmt: skip
     train.add_argument("--valid-share", type=float, default=0.2,
                        help="with --from-dataset: the last share of the requests by time held "
                        "out for validation")  # fmt: skip
