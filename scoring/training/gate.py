@@ -16,7 +16,7 @@ class GateRule:
     ``min_samples`` held-out requests."""
 
     metric: str = "gauc"
-    tolerance: float = 0.001
+    tolerance: float = 0.0
     min_samples: int = 200
 
     def __post_init__(self) -> None:

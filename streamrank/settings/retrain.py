@@ -44,7 +44,7 @@ class RetrainSettings(Section):
         "gauc", description="Held-out metric the candidate must not be worse on."
     )
     gate_tolerance: float = Field(
-        0.001, ge=0, description="How much lower than the active version's the metric may be."
+        0.0, ge=0, description="How much lower than the active version's the metric may be."
     )
     gate_min_samples: int = Field(
         200, ge=1, description="Fewest held-out requests the gate decides on (fewer: refused)."

@@ -172,3 +172,18 @@ def test_ranking_metrics() -> None:
     assert m["hr@10"] == 0.5  # the second click ranks 12th
     assert m["gauc"] == round((1.0 * 3 + 0.0 * 12) / 15, 5)
     assert ranking_metrics([[0, 0]], [[0.1, 0.2]])["auc"] is None
+
+
+def test_keep_negatives_keeps_every_click_and_k_negatives_per_click_of_each_request() -> None:
+    from scoring.training.from_dataset import keep_negatives
+
+    rows = np.repeat(np.arange(3), 10).astype(np.int64)  # 3 requests x 10 items
+    cols = np.tile(np.arange(10), 3).astype(np.int64)
+    labels = np.zeros(30, np.float32)
+    labels[[2, 11, 15]] = 1  # request 0: one click, request 1: two, request 2: none
+    kept_rows, kept_cols = keep_negatives((rows, cols), labels, 3, seed=1)
+    kept = labels[kept_rows * 10 + kept_cols]
+    assert set(np.flatnonzero(labels)) <= set((kept_rows * 10 + kept_cols).tolist())
+    assert np.bincount(kept_rows[kept == 0], minlength=3).tolist() == [3, 6, 0]
+    again = keep_negatives((rows, cols), labels, 3, seed=1)
+    assert [a.tolist() for a in again] == [kept_rows.tolist(), kept_cols.tolist()]
