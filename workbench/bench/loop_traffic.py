@@ -120,7 +120,10 @@ class ArmTraffic:
             self.available.extend(fresh)
             await self.announce(fresh)
         gate = asyncio.Semaphore(16)
-        await asyncio.gather(*(self._request(e, gate) for e in chunk if e.request))
+        # features as of just after every click produced so far (their times may run ahead of
+        # the wall clock by a few ms), so a request sees the same history in every run
+        as_of = max(clock.now_ms(), self._last_ms + 1)
+        await asyncio.gather(*(self._request(e, gate, as_of) for e in chunk if e.request))
         last: dict[str, str] = {}
         clicks = []
         for e in chunk:
@@ -133,14 +136,14 @@ class ArmTraffic:
         await self._send_clicks(clicks)
         await self._wait_applied(last)
 
-    async def _request(self, event: LoopEvent, gate: asyncio.Semaphore) -> None:
+    async def _request(self, event: LoopEvent, gate: asyncio.Semaphore, as_of: int) -> None:
         from scoring.client import RankRejected, RankTimeout
 
         items, position = candidates(event, self.available, n=self.n_candidates, seed=self.seed,
                                      exclude=self._history.get(event.user, ()))  # fmt: skip
         async with gate:
             try:
-                result = await self._client.rank(self.user(event.user), items,
+                result = await self._client.rank(self.user(event.user), items, ts=as_of,
                                                  request_id=f"{self.run}-q{event.seq}")  # fmt: skip
             except (RankTimeout, RankRejected):
                 self.answered.unanswered += 1
