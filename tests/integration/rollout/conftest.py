@@ -29,3 +29,14 @@ def rollout_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert result.metrics["test"]["din"]["auc"] > 0.8, result.metrics["test"]
     out = tmp_path_factory.mktemp("rollout-model")
     return Path(export_artifact(result, ds, cfg, out, encoding="int8"))
+
+
+@pytest.fixture
+def own_version(tiny_artifacts: tuple[Path, Path], unique: str, tmp_path: Path) -> Path:
+    """The first tiny DIN under a version name of this test's own: online statistics are kept
+    per version, so a test that serves it leaves nothing in another test's windows."""
+    from scoring.model.artifact import derive_artifact, load_artifact
+
+    artifact = load_artifact(tiny_artifacts[0])
+    return Path(derive_artifact(artifact, tmp_path / "own", version=f"din-own-{unique}",
+                                item_table=artifact.item_table, note="a test's own copy"))  # fmt: skip

@@ -44,9 +44,9 @@ USERS = 6
 
 async def test_exported_samples_rescore_to_the_logged_scores(
     make_settings: Callable[..., Settings], unique: str, redis: aioredis.Redis,
-    tiny_artifacts: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    own_version: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
-    version = await publish(redis, tiny_artifacts[0])
+    version = await publish(redis, own_version)
     settings = make_settings(
         STREAMRANK_SCORING_GROUP_ID=f"scoring-{unique}", STREAMRANK_OUTCOMES_GROUP_ID=f"outcomes-{unique}",
         STREAMRANK_SERVED_LOG_TOPIC=f"served-{unique}", STREAMRANK_OUTCOMES_TOPIC=f"outcomes-{unique}",
@@ -54,7 +54,7 @@ async def test_exported_samples_rescore_to_the_logged_scores(
         STREAMRANK_OUTCOME_BUCKET_S=1, STREAMRANK_OUTCOME_WINDOW_S=2, STREAMRANK_OUTCOME_CLOSE_DELAY_S=2,
     )  # fmt: skip
     await create_topics(settings)
-    known = item_ids(tiny_artifacts[0])
+    known = item_ids(own_version)
     fresh = f"fresh-{unique}"  # unknown to the version, with attributes: its cold vector
     event = ItemEvent(fresh, "c1", clock.now_ms(), {"genres": ("c3",)})
     assert await ItemWriter(redis=redis).apply([event]) == 1
@@ -99,13 +99,13 @@ async def test_exported_samples_rescore_to_the_logged_scores(
         assert list(s.scores) == list(by_id[s.request_id].scores)
         want = clicked.get(s.request_id)
         assert [i for i, y in zip(s.items, s.labels, strict=True) if y] == ([want] if want else [])
-    model = ServedModel.from_artifact(load_artifact(tiny_artifacts[0]))
+    model = ServedModel.from_artifact(load_artifact(own_version))
     for got, s in zip(rescore_samples(model, samples), samples, strict=True):
         np.testing.assert_allclose(got, s.scores, atol=1e-4)
     # train --from-dataset, zero epochs from the serving version: the same scores
     from workbench.cli.main import main
 
-    args = ["train", "--from-dataset", str(out), "--warm-start", str(tiny_artifacts[0]),
+    args = ["train", "--from-dataset", str(out), "--warm-start", str(own_version),
             "--epochs", "0", "--valid-share", "0.5", "--out", str(tmp_path / "models"),
             "--no-progress", "--json"]  # fmt: skip
     capsys.readouterr()

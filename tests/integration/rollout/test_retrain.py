@@ -81,11 +81,11 @@ async def serve_and_click_the_top_item(settings: Settings, redis: aioredis.Redis
 
 async def test_the_gate_refuses_a_worse_candidate_and_rolls_out_an_equal_one(
     make_settings: Callable[..., Settings], unique: str, redis: aioredis.Redis,
-    tiny_artifacts: tuple[Path, Path], tmp_path: Path, clean_rollout: None,
+    own_version: Path, tmp_path: Path, clean_rollout: None,
 ) -> None:  # fmt: skip
-    version = await publish(redis, tiny_artifacts[0])
+    version = await publish(redis, own_version)
     artifacts = tmp_path / "artifacts"
-    shutil.copytree(tiny_artifacts[0], artifacts / version)
+    shutil.copytree(own_version, artifacts / version)
     env = dict(
         STREAMRANK_SCORING_GROUP_ID=f"scoring-{unique}", STREAMRANK_OUTCOMES_GROUP_ID=f"outcomes-{unique}",
         STREAMRANK_SERVED_LOG_TOPIC=f"served-{unique}", STREAMRANK_OUTCOMES_TOPIC=f"outcomes-{unique}",
@@ -97,7 +97,7 @@ async def test_the_gate_refuses_a_worse_candidate_and_rolls_out_an_equal_one(
     settings = make_settings(**env)
     await create_topics(settings)
     await activate_version(redis, version)
-    await serve_and_click_the_top_item(settings, redis, item_ids(tiny_artifacts[0]), unique)
+    await serve_and_click_the_top_item(settings, redis, item_ids(own_version), unique)
     plan = CyclePlan(
         rollout=RolloutPlan(steps="5,100", hold_s=60, min_outcomes=10, guard="auc:0.05"),
         artifacts_dir=artifacts,
