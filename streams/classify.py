@@ -53,6 +53,18 @@ def check_skew(event: ClickEvent, now_ms: int, max_skew_s: int) -> None:
         )
 
 
+def payload(record: Record) -> bytes:
+    """A record's value, or the ContractError that dead-letters it (an undecodable batch, a
+    null payload)."""
+    if isinstance(record.value, UndecodableBatch):
+        raise ContractError(
+            record.value.describe(record.topic, record.partition), reason=UNDECODABLE_BATCH
+        )
+    if record.value is None:
+        raise ContractError("message has no value (null payload)", reason="empty")
+    return record.value
+
+
 def classify(
     records: Sequence[Record], *, limits: Limits, now_ms: int, max_skew_s: int
 ) -> Classified:
@@ -66,13 +78,8 @@ def classify(
         try:
             if isinstance(record.value, UndecodableBatch):
                 out.skipped += record.value.last_offset - record.value.first_offset + 1
-                raise ContractError(
-                    record.value.describe(record.topic, record.partition),
-                    reason=UNDECODABLE_BATCH,
-                )
-            if record.value is None:
-                raise ContractError("message has no value (null payload)", reason="empty")
-            event = decode_click(record.value, limits)
+            raw = payload(record)
+            event = decode_click(raw, limits)
             check_skew(event, now_ms, max_skew_s)
         except Exception as exc:
             # A contract breach, or a bug of ours on input nobody foresaw: either way only this
@@ -81,7 +88,7 @@ def classify(
             continue
         if not record.key or record.key != event.user_id.encode():
             out.forward.append(event)
-            out.forward_raw.append(record.value)
+            out.forward_raw.append(raw)
             out.forward_headers.append(record.headers)
             continue
         identity = (event.user_id, event.event_id)

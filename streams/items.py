@@ -19,12 +19,11 @@ from typing import Any
 
 from schemas import DeadLetter, ItemEvent, Limits, decode_item
 from streamrank import keys
-from streamrank.errors import UNDECODABLE_BATCH, ContractError
 from streamrank.kafka.guard import UndecodableBatch
 from streamrank.redis.errors import redis_call
 from streamrank.redis.pipeline import ScriptCall, run_scripts
 from streams.attributes import item_event_json
-from streams.classify import Record, dead_letter
+from streams.classify import Record, dead_letter, payload
 
 # KEYS[1]: one shard's attribute hash. ARGV: item id, ts, value, repeated. Returns how many
 # values were written (the others were older than the stored one).
@@ -73,13 +72,7 @@ def decode_items(records: Sequence[Record], *, limits: Limits, now_ms: int) -> D
         try:
             if isinstance(record.value, UndecodableBatch):
                 out.skipped += record.value.last_offset - record.value.first_offset + 1
-                raise ContractError(
-                    record.value.describe(record.topic, record.partition),
-                    reason=UNDECODABLE_BATCH,
-                )
-            if record.value is None:
-                raise ContractError("message has no value (null payload)", reason="empty")
-            out.events.append(decode_item(record.value, limits))
+            out.events.append(decode_item(payload(record), limits))
         except Exception as exc:
             out.dead.append(dead_letter(record, exc, now_ms))
     return out

@@ -17,8 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from prometheus_client import CollectorRegistry
 
 from schemas import DeadLetter
@@ -29,10 +28,8 @@ from scoring.embeddings.overlay import UpsertReport, decode_row
 from scoring.embeddings.store import EmbeddingStore
 from streamrank import clock
 from streamrank.errors import UNDECODABLE_BATCH, ContractError, RedisUnavailable, internal_error
-from streamrank.kafka import clients as kafka
 from streamrank.kafka.guard import UndecodableBatch
 from streamrank.redis.client import redis_client
-from streamrank.runtime.group_metrics import commit_offsets, report_lag
 from streamrank.runtime.health import Health
 from streamrank.runtime.worker import GroupWorker
 from streamrank.settings import Settings
@@ -84,18 +81,7 @@ class OverlayWorker(GroupWorker):
         return redis
 
     def kafka_clients(self) -> tuple[AIOKafkaProducer, AIOKafkaConsumer]:
-        s = self.settings
-        producer = kafka.producer(s.kafka, acks="all", linger_ms=5)
-        consumer = kafka.consumer(
-            s.kafka,
-            group_id=self.group,
-            client_id=self.client_id,
-            **kafka.group_kwargs(s.kafka),
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_poll_records=BATCH_MAX,
-        )
-        return producer, consumer
+        return self.group_clients(max_poll_records=BATCH_MAX)
 
     def kafka_starters(
         self, producer: AIOKafkaProducer, consumer: AIOKafkaConsumer
@@ -126,7 +112,7 @@ class OverlayWorker(GroupWorker):
             got = await self._consumer.getmany(timeout_ms=200, max_records=BATCH_MAX)
             records = [r for part in got.values() for r in part]
             if records and await self.process(records):
-                await self._commit(records)
+                await self.commit_records(records, if_failed="the rows may be upserted again")
 
     def triage(
         self, records: Sequence[ConsumerRecord[Any, Any]]
@@ -187,43 +173,5 @@ class OverlayWorker(GroupWorker):
             self.reports.append(report)
             break
         if letters:
-            await self._produce(letters)
+            await self.produce_dead_letters(letters)
         return True
-
-    async def _produce(self, letters: Sequence[tuple[bytes, bytes]]) -> None:
-        """Dead letters, acknowledged; retried while the broker is away."""
-        assert self._producer is not None
-        delay = 0.2
-        while True:
-            try:
-                futures = [
-                    await self._producer.send(self.settings.topics.dead_letters, value, key=key)
-                    for key, value in letters
-                ]
-                await asyncio.gather(*futures)
-                return
-            except KafkaError as exc:
-                logger.warning("producing %d dead letters failed (%s); retrying", len(letters), exc)
-                if self.stopping:
-                    return
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-
-    async def _commit(self, records: Sequence[ConsumerRecord[Any, Any]]) -> None:
-        assert self._consumer is not None
-        offsets: dict[TopicPartition, int] = {}
-        for r in records:
-            tp = TopicPartition(r.topic, r.partition)
-            offsets[tp] = max(offsets.get(tp, 0), r.offset + 1)
-        await commit_offsets(
-            self._consumer,
-            offsets,
-            metrics=self.metrics,
-            if_failed="the rows may be upserted again",
-        )
-        report_lag(
-            {tp: offset - 1 for tp, offset in offsets.items()},
-            assigned=self._consumer.assignment(),
-            highwater=self._consumer.highwater,
-            on_lag=self.metrics.set_lag,
-        )

@@ -19,8 +19,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from prometheus_client import CollectorRegistry
 
 from schemas import ClickEvent, DeadLetter, Limits, decode_click
@@ -38,10 +37,8 @@ from streamrank.errors import (
     RedisUnavailable,
     internal_error,
 )
-from streamrank.kafka import clients as kafka
 from streamrank.kafka.guard import UndecodableBatch
 from streamrank.redis.client import redis_client
-from streamrank.runtime.group_metrics import commit_offsets, report_lag
 from streamrank.runtime.health import Health
 from streamrank.runtime.worker import GroupWorker
 from streamrank.runtime.worker import serve as serve_worker
@@ -108,18 +105,7 @@ class OutcomesWorker(GroupWorker):
         return redis
 
     def kafka_clients(self) -> tuple[AIOKafkaProducer, AIOKafkaConsumer]:
-        s = self.settings
-        producer = kafka.producer(s.kafka, acks="all", linger_ms=5)
-        consumer = kafka.consumer(
-            s.kafka,
-            group_id=self.group,
-            client_id=self.client_id,
-            **kafka.group_kwargs(s.kafka),
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_poll_records=s.outcomes.batch_max,
-        )
-        return producer, consumer
+        return self.group_clients(max_poll_records=self.settings.outcomes.batch_max)
 
     def kafka_starters(
         self, producer: AIOKafkaProducer, consumer: AIOKafkaConsumer
@@ -164,7 +150,7 @@ class OutcomesWorker(GroupWorker):
             )
             records = [r for part in got.values() for r in part]
             if records and await self.process(records):
-                await self._commit(records)
+                await self.commit_records(records, if_failed="the batch may be read again")
 
     async def process(self, records: Sequence[ConsumerRecord[Any, Any]]) -> bool:
         """Join one batch and dead-letter its bad served records; False when stopped before
@@ -190,7 +176,7 @@ class OutcomesWorker(GroupWorker):
             logger.info("Redis answers again; the outcome join continues")
         self.metrics.observe_join(counts)
         if letters:
-            await self._produce(letters)
+            await self.produce_dead_letters(letters)
         self.batches += 1
         return True
 
@@ -244,43 +230,6 @@ class OutcomesWorker(GroupWorker):
         if isinstance(record.value, UndecodableBatch):
             raise ContractError("undecodable click batch", reason=UNDECODABLE_BATCH)
         return decode_click(record.value, self._limits)
-
-    async def _produce(self, letters: Sequence[tuple[bytes, bytes]]) -> None:
-        """Dead letters, acknowledged; retried while the broker is away (the join is applied
-        and idempotent, so waiting here loses nothing)."""
-        assert self._producer is not None
-        delay = 0.2
-        while True:
-            try:
-                futures = [
-                    await self._producer.send(self.settings.topics.dead_letters, value, key=key)
-                    for key, value in letters
-                ]
-                await asyncio.gather(*futures)
-                return
-            except KafkaError as exc:
-                logger.warning("producing %d dead letters failed (%s); retrying", len(letters), exc)
-                if self.stopping:
-                    return
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-
-    async def _commit(self, records: Sequence[ConsumerRecord[Any, Any]]) -> None:
-        assert self._consumer is not None
-        offsets: dict[TopicPartition, int] = {}
-        for r in records:
-            tp = TopicPartition(r.topic, r.partition)
-            offsets[tp] = max(offsets.get(tp, 0), r.offset + 1)
-        # Applied already; a redelivery after a failed commit is a no-op (idempotent join).
-        await commit_offsets(
-            self._consumer, offsets, metrics=self.metrics, if_failed="the batch may be read again"
-        )
-        report_lag(
-            {tp: offset - 1 for tp, offset in offsets.items()},
-            assigned=self._consumer.assignment(),
-            highwater=self._consumer.highwater,
-            on_lag=self.metrics.set_lag,
-        )
 
     # --- background tasks -------------------------------------------------------------------
 

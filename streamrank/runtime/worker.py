@@ -15,14 +15,16 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, ClassVar, Self
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaError
 
 from streamrank.kafka import clients as kafka
 from streamrank.runtime import groups
-from streamrank.runtime.group_metrics import GroupMetrics
+from streamrank.runtime.group_metrics import GroupMetrics, commit_offsets, report_lag
 from streamrank.runtime.health import Check, Health
 from streamrank.runtime.membership import Membership
 from streamrank.runtime.metrics_http import metrics_server, resolve_port
@@ -30,6 +32,8 @@ from streamrank.runtime.rebalance import RebalanceListener
 from streamrank.runtime.signals import run_until_signalled
 from streamrank.runtime.tasks import cancel_and_wait
 from streamrank.settings import Settings
+
+logger = logging.getLogger(__name__)
 
 
 class GroupWorker(abc.ABC):
@@ -86,6 +90,22 @@ class GroupWorker(abc.ABC):
     async def run(self) -> None:
         """Consume until :meth:`request_stop` (or cancellation)."""
 
+    def group_clients(self, *, max_poll_records: int) -> tuple[AIOKafkaProducer, AIOKafkaConsumer]:
+        """An acknowledged producer and a manually committed group consumer from the earliest
+        offset: the clients of a worker that commits after its effects."""
+        s = self.settings
+        producer = kafka.producer(s.kafka, acks="all", linger_ms=5)
+        consumer = kafka.consumer(
+            s.kafka,
+            group_id=self.group,
+            client_id=self.client_id,
+            **kafka.group_kwargs(s.kafka),
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=max_poll_records,
+        )
+        return producer, consumer
+
     def kafka_starters(
         self, producer: AIOKafkaProducer, consumer: AIOKafkaConsumer
     ) -> list[Callable[[], Awaitable[Any]]]:
@@ -105,6 +125,46 @@ class GroupWorker(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 (optional: nothing by default)
         """At stop, before the background tasks and the Kafka clients stop."""
+
+    # --- what a batch's end takes --------------------------------------------------------------
+
+    async def produce_dead_letters(self, letters: Sequence[tuple[bytes, bytes]]) -> None:
+        """Dead letters ``(key, value)``, acknowledged; retried while the broker is away (the
+        batch's effects are applied and idempotent, so waiting here loses nothing)."""
+        assert self._producer is not None
+        delay = 0.2
+        while True:
+            try:
+                futures = [
+                    await self._producer.send(self.settings.topics.dead_letters, value, key=key)
+                    for key, value in letters
+                ]
+                await asyncio.gather(*futures)
+                return
+            except KafkaError as exc:
+                logger.warning("producing %d dead letters failed (%s); retrying", len(letters), exc)
+                if self.stopping:
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def commit_records(
+        self, records: Sequence[ConsumerRecord[Any, Any]], *, if_failed: str
+    ) -> None:
+        """Commit past ``records`` (their effects are durable) and report the lag they leave;
+        ``if_failed`` says what a failed commit means (logged with the failure)."""
+        assert self._consumer is not None
+        offsets: dict[TopicPartition, int] = {}
+        for r in records:
+            tp = TopicPartition(r.topic, r.partition)
+            offsets[tp] = max(offsets.get(tp, 0), r.offset + 1)
+        await commit_offsets(self._consumer, offsets, metrics=self.metrics, if_failed=if_failed)
+        report_lag(
+            {tp: offset - 1 for tp, offset in offsets.items()},
+            assigned=self._consumer.assignment(),
+            highwater=self._consumer.highwater,
+            on_lag=self.metrics.set_lag,
+        )
 
     # --- the lifecycle ---------------------------------------------------------------------
 

@@ -16,7 +16,6 @@ scored (``new_items_cold_start_share``: by its attributes, not the OOV row).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import shutil
 import time
@@ -186,30 +185,10 @@ async def _bench(settings: Settings, args: argparse.Namespace, work: Path) -> di
 
 
 def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
-    import tempfile
-
-    from pydantic import SecretStr
-
-    from workbench.devstack.services import free_port
-    from workbench.devstack.stack import EmbeddedStack
+    from workbench.bench.private_stack import on_private_stack, work_dir
 
     if args.quick:
         args.days = args.days or 4
         args.request_share, args.epochs = 0.2, min(args.epochs, 2)
-    run_dir = Path(settings.tools.run_dir)
-    work = Path(tempfile.mkdtemp(prefix="bench-loop-",
-                                 dir=run_dir.resolve() if run_dir.exists() else None))  # fmt: skip
-    stack = EmbeddedStack(run_dir=work / "stack", kafka_port=free_port(), redis_port=free_port())
-    say(
-        f"private embedded stack (kafka {stack.bootstrap}, redis {stack.redis_url}); work in {work}"
-    )
-    stack.up(timeout_s=60)
-    try:
-        private = settings.with_env(
-            STREAMRANK_KAFKA_BOOTSTRAP=stack.bootstrap,
-            STREAMRANK_REDIS_URL=SecretStr(stack.redis_url),
-            STREAMRANK_RUN_DIR=work,
-        )
-        return asyncio.run(_bench(private, args, work))
-    finally:
-        stack.down()
+    work = work_dir(settings, "loop")
+    return on_private_stack(settings, work, lambda s: _bench(s, args, work), name="loop")

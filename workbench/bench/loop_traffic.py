@@ -15,6 +15,7 @@ from schemas import ClickEvent, ItemEvent
 from streamrank import clock
 from streamrank.errors import StreamrankError
 from streamrank.settings import Settings
+from workbench.bench.clients import TrafficClients
 from workbench.bench.loop_sim import LoopEvent, candidates, hit_at
 
 CHUNK = 100  # clicks per chunk
@@ -31,12 +32,13 @@ class Answered:
     degraded: int = 0
 
 
-class ArmTraffic:
+class ArmTraffic(TrafficClients):
     """One arm's clicks, items and requests through its own topics, users prefixed by ``run``."""
 
     def __init__(self, *, settings: Settings, redis: Any, run: str, n_candidates: int,
                  seed: int, categories: dict[str, str]) -> None:  # fmt: skip
-        self.settings = settings
+        # a latency-sensitive client: no linger; acks=all so a click is durable before we wait
+        super().__init__(settings=settings, linger_ms=0)
         self.redis = redis
         self.run = run
         self.n_candidates = n_candidates
@@ -46,25 +48,6 @@ class ArmTraffic:
         self.available: list[str] = []  # items that exist so far, in order of appearance
         self._history: dict[str, list[str]] = {}  # per raw user: items clicked so far
         self._last_ms = 0
-        self._producer: Any = None
-        self._client: Any = None
-
-    async def __aenter__(self) -> ArmTraffic:
-        from scoring.client import RankClient
-        from streamrank.kafka import clients as kafka
-
-        # a latency-sensitive client: no linger; acks=all so a click is durable before we wait
-        self._producer = kafka.producer(self.settings.kafka, acks="all", linger_ms=0)
-        await self._producer.start()
-        self._client = RankClient(settings=self.settings, default_timeout_s=120.0)
-        await self._client.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._client is not None:
-            await self._client.stop()
-        if self._producer is not None:
-            await self._producer.stop()
 
     def user(self, raw: str) -> str:
         return f"{self.run}-{raw}"
@@ -84,7 +67,7 @@ class ArmTraffic:
                                     category=category or None, ts=ts_s * 1000))  # fmt: skip
             last[self.user(user)] = event_id
             self._history.setdefault(user, []).append(item)
-        await self._send_clicks(batch)
+        await self.send_clicks(batch)
         await self._wait_applied(last)
 
     async def announce(self, items: Sequence[str]) -> None:
@@ -99,7 +82,7 @@ class ArmTraffic:
             event = ItemEvent(
                 item_id=item, category=category, ts=now, attributes={"genres": genres}
             )
-            futures.append(await self._producer.send(self.settings.topics.items, event.to_json(),
+            futures.append(await self.producer.send(self.settings.topics.items, event.to_json(),
                                                      key=item.encode()))  # fmt: skip
         await asyncio.gather(*futures)
         end = time.monotonic() + WAIT_S
@@ -133,7 +116,7 @@ class ArmTraffic:
                                      category=e.category or None, ts=self._last_ms))  # fmt: skip
             last[self.user(e.user)] = event_id
             self._history.setdefault(e.user, []).append(e.item)
-        await self._send_clicks(clicks)
+        await self.send_clicks(clicks)
         await self._wait_applied(last)
 
     async def _request(self, event: LoopEvent, gate: asyncio.Semaphore, as_of: int) -> None:
@@ -143,7 +126,7 @@ class ArmTraffic:
                                      exclude=self._history.get(event.user, ()))  # fmt: skip
         async with gate:
             try:
-                result = await self._client.rank(self.user(event.user), items, ts=as_of,
+                result = await self.client.rank(self.user(event.user), items, ts=as_of,
                                                  request_id=f"{self.run}-q{event.seq}")  # fmt: skip
             except (RankTimeout, RankRejected):
                 self.answered.unanswered += 1
@@ -155,16 +138,6 @@ class ArmTraffic:
         self.answered.hits.append((event.day, hit_at(scores, position)))
         versions = self.answered.versions
         versions[result.model_version] = versions.get(result.model_version, 0) + 1
-
-    async def _send_clicks(self, events: Sequence[ClickEvent]) -> None:
-        for start in range(0, len(events), 2000):
-            futures = [
-                await self._producer.send(
-                    self.settings.topics.clicks, e.to_json(), key=e.user_id.encode()
-                )
-                for e in events[start : start + 2000]
-            ]
-            await asyncio.gather(*futures)
 
     async def _wait_applied(self, last: dict[str, str]) -> None:
         """Until every user's newest stored event is the one produced last for it."""

@@ -414,32 +414,13 @@ class Scenario:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
-    import tempfile
+    from workbench.bench.private_stack import on_private_stack, work_dir
 
-    from workbench.devstack.services import free_port
-    from workbench.devstack.stack import EmbeddedStack
-
-    work = Path(tempfile.mkdtemp(prefix="bench-rollout-", dir=Path(settings.tools.run_dir).resolve()
-                                 if Path(settings.tools.run_dir).exists() else None))  # fmt: skip
+    work = work_dir(settings, "rollout")
     if args.use_stack:
         report = asyncio.run(_bench(settings, args, work))
         report["stack"] = "configured"
         return report
-    stack = EmbeddedStack(run_dir=work / "stack", kafka_port=free_port(), redis_port=free_port())
-    say(
-        f"private embedded stack (kafka {stack.bootstrap}, redis {stack.redis_url}); work in {work}"
-    )
-    stack.up(timeout_s=60)
-    try:
-        from pydantic import SecretStr
-
-        private = settings.with_env(
-            STREAMRANK_KAFKA_BOOTSTRAP=stack.bootstrap,
-            STREAMRANK_REDIS_URL=SecretStr(stack.redis_url),
-            STREAMRANK_RUN_DIR=work,
-        )
-        report = asyncio.run(_bench(private, args, work))
-        report["stack"] = "private embedded"
-        return report
-    finally:
-        stack.down()
+    report = on_private_stack(settings, work, lambda s: _bench(s, args, work), name="rollout")
+    report["stack"] = "private embedded"
+    return report

@@ -9,9 +9,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from streamrank.settings import Settings
+from workbench.bench.clients import TrafficClients
 
 
-class Traffic:
+class Traffic(TrafficClients):
     """Rounds of test users through the stack: histories as clicks, one request each, then the
     held-out positive as a click after the reply."""
 
@@ -19,7 +20,7 @@ class Traffic:
         self, *, settings: Settings, redis: Any, cases: Sequence[Any], chunk: int,
         concurrency: int, progress: bool,
     ) -> None:  # fmt: skip
-        self.settings = settings
+        super().__init__(settings=settings, linger_ms=5)
         self.redis = redis
         self.cases = list(cases)
         self.chunk = chunk
@@ -28,34 +29,6 @@ class Traffic:
         self.requests = 0
         self.degraded = 0
         self.unanswered = 0
-        self._producer: Any = None
-        self._client: Any = None
-
-    async def __aenter__(self) -> Traffic:
-        from scoring.client import RankClient
-        from streamrank.kafka import clients as kafka
-
-        self._producer = kafka.producer(self.settings.kafka, acks="all", linger_ms=5)
-        await self._producer.start()
-        self._client = RankClient(settings=self.settings, default_timeout_s=120.0)
-        await self._client.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._client is not None:
-            await self._client.stop()
-        if self._producer is not None:
-            await self._producer.stop()
-
-    async def _send(self, events: Sequence[Any]) -> None:
-        for start in range(0, len(events), 2000):
-            futures = [
-                await self._producer.send(
-                    self.settings.topics.clicks, e.to_json(), key=e.user_id.encode()
-                )
-                for e in events[start : start + 2000]
-            ]
-            await asyncio.gather(*futures)
 
     async def round(self, prefix: str, *, until: asyncio.Task[Any] | None = None) -> None:
         """All test users once under ``prefix``, in chunks; stops early once ``until`` ends."""
@@ -70,7 +43,7 @@ class Traffic:
         from streamrank import clock
         from workbench.devstack.cases import click_events, expected_sequences, wait_applied
 
-        await self._send(click_events(chunk, run=prefix))
+        await self.send_clicks(click_events(chunk, run=prefix))
         await wait_applied(
             self.redis, self.settings,
             expected_sequences(chunk, run=prefix, length=self.settings.features.sequence_length),
@@ -82,7 +55,7 @@ class Traffic:
             async with gate:
                 user = f"{prefix}-{case.user_id}"
                 try:
-                    result = await self._client.rank(
+                    result = await self.client.rank(
                         user, case.items, request_id=f"{prefix}-q{start + n}"
                     )
                 except (RankTimeout, RankRejected):
@@ -96,9 +69,9 @@ class Traffic:
                     item_id=case.items[case.labels.index(1)],  # the held-out positive
                     ts=clock.now_ms(),
                 )
-                await self._producer.send(
+                await self.producer.send(
                     self.settings.topics.clicks, click.to_json(), key=user.encode()
                 )
 
         await asyncio.gather(*(one(n, c) for n, c in enumerate(chunk)))
-        await self._producer.flush()
+        await self.producer.flush()
