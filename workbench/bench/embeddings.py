@@ -4,7 +4,9 @@ One run measures, on a real Redis (the settings' Redis if it answers, else a pri
 on a free port and stopped afterwards):
 
 * ``bytes_per_row``: growth of Redis ``used_memory`` / rows while publishing ``--rows`` rows of
-  each encoding (each under its own version, deleted after measuring);
+  each encoding (each under its own version, deleted after measuring), and
+  ``key_bytes_per_row``: the table's keys' ``MEMORY USAGE`` / rows, which other clients of the
+  same Redis cannot move;
 * ``hit_rate``: a Zipf(``--zipf``) trace of ``--batches`` batches of ``--batch-size`` ids over
   ``--rows`` ids, cache capacity 1%, 5%, 10% of the table, for W-TinyLFU (ours), plain LRU and
   Belady's offline optimum on the same (per-batch deduplicated) trace;
@@ -37,6 +39,7 @@ from scoring.embeddings.codec import ENCODINGS, decode_rows, encode_rows, row_by
 from scoring.embeddings.policy import belady_hits, make_policy
 from scoring.embeddings.store import EmbeddingStore
 from scoring.model.registry import delete_version
+from streamrank import keys
 from streamrank.redis.client import url_of, used_memory
 from streamrank.settings import Settings
 from workbench.devstack.servers import private_redis
@@ -172,7 +175,8 @@ async def _memory(url: str, rows: int, dim: int, seed: int) -> dict[str, Any]:
     """bytes_per_row per encoding; leaves the int8 table published for the latency part."""
     ids = [str(i) for i in range(rows)]
     matrix = np.random.default_rng(seed).standard_normal((rows, dim)).astype(np.float32)
-    out: dict[str, Any] = {"bytes_per_row": {}, "publish_s": {}, "buckets": {}}
+    out: dict[str, Any] = {"bytes_per_row": {}, "key_bytes_per_row": {}, "publish_s": {},
+                           "buckets": {}}  # fmt: skip
     keep = ""
     async with _store(url) as store:
         client = store.redis
@@ -182,6 +186,7 @@ async def _memory(url: str, rows: int, dim: int, seed: int) -> dict[str, Any]:
             report = await store.publish("item", ids, matrix, encoding=enc, version=version)
             after = await used_memory(client)
             out["bytes_per_row"][enc] = round((after - before) / rows, 1)
+            out["key_bytes_per_row"][enc] = round(await _table_bytes(client, version) / rows, 1)
             out["publish_s"][enc] = round(report.seconds, 1)
             out["buckets"][enc] = {
                 "count": report.buckets,
@@ -202,6 +207,15 @@ async def _memory(url: str, rows: int, dim: int, seed: int) -> dict[str, Any]:
         await delete_version(store, version)
     out["latency_version"] = keep
     return out
+
+
+async def _table_bytes(client: Any, version: str) -> int:
+    """The ``MEMORY USAGE`` (every nested value counted) of the version's item table keys."""
+    total = 0
+    async for key in client.scan_iter(match=keys.embedding_table_pattern(version, "item"),
+                                      count=1000):  # fmt: skip
+        total += int(await client.memory_usage(key, samples=0) or 0)
+    return total
 
 
 def _hit_rates(
