@@ -47,8 +47,8 @@ class RetrainSettings(Section):
         0.0, ge=0, description="How much lower than the active version's the metric may be."
     )
     gate_min_samples: int = Field(
-        200, ge=1, description="Fewest held-out requests the gate decides on (fewer: refused)."
+        200,
+        ge=1,
+        description="Fewest held-out requests a cycle trains and gates on (fewer: skipped).",
     )
-    dataset_dir: str = Field(
-        "datasets", description="Where cycles write their exported datasets and artifacts."
-    )
+    dataset_dir: str = Field("datasets", description="Where cycles write their exported datasets.")
