@@ -35,7 +35,7 @@ from workbench.bench.loop_sim import (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--split", type=float, default=0.9,
+    parser.add_argument("--split", type=float, default=0.7,
                         help="share of the log (time order) that trains version 1")  # fmt: skip
     parser.add_argument("--days", type=int, default=None,
                         help="simulated days streamed after the split (default: all)")  # fmt: skip
@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="share of the streamed clicks preceded by a ranking request")  # fmt: skip
     parser.add_argument("--candidates", type=int, default=100, help="items per request")
     parser.add_argument("--periods", type=int, default=4, help="periods the report is cut into")
-    parser.add_argument("--every-days", type=int, default=1, help="days between retrains")
+    parser.add_argument("--every-days", type=int, default=3, help="days between retrains")
     parser.add_argument("--epochs", type=int, default=3, help="version 1's training epochs")
     parser.add_argument("--retrain-epochs", type=int, default=1, help="epochs per retrain")
     parser.add_argument("--steps", default="50,100", help="each retrain's rollout steps (%%)")
