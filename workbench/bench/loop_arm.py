@@ -76,14 +76,14 @@ class Looper:
                 for h in await RolloutStore(redis=self.redis).history(200)]  # fmt: skip
 
 
-async def _served_and_outcomes(settings: Settings) -> tuple[list[Any], list[Any]]:
+async def _served_records(settings: Settings) -> list[Any]:
+    """Every record of the arm's served log."""
     from workbench.served_dataset import read_to_end, topic_sizes
 
-    served, outcomes = str(settings.topics.served_log), str(settings.topics.outcomes)
-    got: dict[str, list[Any]] = {served: [], outcomes: []}
-    sizes = await topic_sizes(settings, [served, outcomes])
-    await read_to_end(settings, sizes, sink=lambda t, v: got[t].append(v) if v else None)
-    return got[served], got[outcomes]
+    got: list[Any] = []
+    sizes = await topic_sizes(settings, [str(settings.topics.served_log)])
+    await read_to_end(settings, sizes, sink=lambda _t, v: got.append(v) if v else None)
+    return got
 
 
 def _vocabulary(versions: Mapping[str, int], work: Path, v1: Artifact) -> dict[str, frozenset[str]]:
@@ -128,7 +128,7 @@ async def run_arm(name: str, rs: Settings, *, ds: Any, plan: LoopPlan, v1: Artif
             rollouts = await looper.finish() if looper is not None else []
             o = rs.outcomes
             await asyncio.sleep(o.window_s + o.close_delay_s + 1.5)  # the last outcomes close
-        served, _outcomes = await _served_and_outcomes(rs)
+        served = await _served_records(rs)
         answered = traffic.answered
         vocabulary = _vocabulary(answered.versions, work, v1)
         say(f"{name}: {len(answered.hits)} answered, versions {answered.versions}")
