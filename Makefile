@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)"
-	$(BIN)/python -m pip install --quiet -e ".[test,tools]" "torch==$(TORCH_VERSION)"
+	$(BIN)/python -m pip install --quiet -e ".[test,tools,onnx]" "torch==$(TORCH_VERSION)"
 	touch $(STAMP)
 
 demo: setup

@@ -79,5 +79,9 @@ class ArtifactError(StreamrankError):
     """A model artifact is missing, corrupt or does not match its config."""
 
 
+class RuntimeUnavailable(StreamrankError):
+    """The configured inference runtime cannot run here (no C++ compiler, a package missing)."""
+
+
 class DatasetError(StreamrankError):
     """A dataset could not be downloaded, or its files do not match their pinned checksums."""

@@ -123,6 +123,13 @@ model_dense           string  ``sr:{model:<version>}:dense``: the version's dens
                               Lifetime: until ``streamrank embeddings delete``.
                               Writer: ``streamrank publish`` (scoring.model.registry). Reader:
                               scoring workers loading the version.
+model_graph           string  ``sr:{model:<version>}:onnx``: the version's DIN forward as an ONNX
+                              graph (protobuf bytes), exported from the dense weights; absent
+                              when published without ``streamrank[onnx]``. Written with the
+                              dense weights.
+                              Lifetime: until ``streamrank embeddings delete``.
+                              Writer: ``streamrank publish``. Reader: scoring workers serving
+                              with ``STREAMRANK_SCORING_RUNTIME=onnx``.
 retrieval_chunk       string  ``sr:{model:<version>}:retrieval:<n>``: chunk ``n`` (0-based, a few
                               MB each) of the version's retrieval model (safetensors bytes: the
                               item ids in row order, the two-tower item vectors, their primary
@@ -397,6 +404,11 @@ def category_field(category: str) -> str:
 def model_dense(version: str) -> str:
     """The dense weights (safetensors bytes) of one published model version."""
     return f"{PREFIX}:{{model:{version}}}:dense"
+
+
+def model_graph(version: str) -> str:
+    """The ONNX graph of one published model version's forward (its slot)."""
+    return f"{PREFIX}:{{model:{version}}}:onnx"
 
 
 def retrieval_chunk(version: str, chunk: int) -> str:

@@ -37,8 +37,9 @@ from safetensors.torch import save as st_save
 
 from scoring.embeddings.codec import ENCODINGS
 from scoring.embeddings.validate import NAME_RE
-from scoring.model.din import DenseWeights, DinScorer, ModelSpec
+from scoring.model.din import DenseWeights, ModelSpec
 from scoring.model.retrieval import INDEX_FILE, RETRIEVAL_FILE, RetrievalFiles, Retriever
+from scoring.model.scorer import DinScorer
 from streamrank import keys
 from streamrank.errors import ArtifactError
 

@@ -1,4 +1,4 @@
-"""DIN (Deep Interest Network, Zhou et al., KDD 2018), its BaseModel baseline, and the serving scorer.
+"""DIN (Deep Interest Network, Zhou et al., KDD 2018) and its BaseModel baseline.
 
 Items are represented by ONE vector per raw item id: the item-id embedding concatenated with the
 mean of the item's category (genre) embeddings (:class:`ItemTower`). At export the tower is
@@ -10,15 +10,8 @@ only ever see item vectors: ``hist [B, L, d]``, ``cand [B, d]`` (training) or ``
   event), PReLU activations, masked, *unnormalised* weighted sum of the history (no softmax, as in
   the paper), MLP head over ``[pooled, q, pooled*q]``, one logit.
 * :class:`BaseModel`: the same embeddings and head, masked *sum* pooling instead of attention.
-* :class:`DinScorer`: the serving forward of a trained :class:`DIN`. All candidates of one request
-  share one history, so the first attention layer ``W·[q, k, q-k, q*k] + b`` is split into
-  ``(Wq+Wd)·q + b`` (per candidate), ``(Wk-Wd)·k`` (per history event, once per request) and
-  ``Wp·(q*k)`` (per pair), which avoids building the ``[C, L, 4d]`` input and cuts the first
-  layer's per-pair work by 4x. Equal to :meth:`DIN.forward` within 1e-5 (tested).
-* ``DinScorer(net, dense="int8")``: the attention unit with int8 weights (torch's dynamic
-  quantisation); the product term and the head stay fp32 (docs/benchmarks.md). A dynamic range spans
-  its whole input, so the int8 forward runs one request at a time on its *valid* events and
-  candidates only: the served scores equal an offline scoring with the same option (tested).
+* The serving forward of a trained DIN is :class:`scoring.model.pair_forward.PairForward`,
+  served by :class:`scoring.model.scorer.DinScorer`.
 * Side inputs (:class:`SideInputs`, from the version's feature spec): categorical codes and
   dense counters into the head, action codes added to the history vectors.
 
@@ -28,7 +21,6 @@ Masks are required arguments everywhere; padded positions never change a score (
 from __future__ import annotations
 
 import itertools
-import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -36,15 +28,12 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 import torch
-from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import Tensor, nn
-from torch.ao.quantization import quantize_dynamic
 from torch.nn import functional as F
 
-from scoring.model.coldstart import ColdStart, cold_start_from
 from scoring.model.features import FeatureSpec
-from scoring.model.side import NO_SIDE, SideArrays, SideInputs, require, side_tensors, tensor
+from scoring.model.side import NO_SIDE, SideInputs, require
 from streamrank.errors import ArtifactError
 
 ModelKind = Literal["din", "base"]
@@ -116,6 +105,9 @@ class PReLU(nn.Module):
         self.weight = nn.Parameter(torch.full((features,), init))
 
     def forward(self, x: Tensor) -> Tensor:
+        if torch.onnx.is_in_onnx_export():
+            # The same values exactly; ONNX Runtime's PRelu broadcasts the slope slowly.
+            return torch.relu(x) - self.weight * torch.relu(-x)
         # F.prelu on a 2-d view: one fused kernel instead of torch.where's several (docs/model.md).
         return F.prelu(x.reshape(-1, x.shape[-1]), self.weight).view(x.shape)
 
@@ -262,210 +254,6 @@ class BaseModel(nn.Module):
 
 def build_net(spec: ModelSpec) -> DIN | BaseModel:
     return DIN(spec) if spec.kind == "din" else BaseModel(spec)
-
-
-def _linear(weight: Tensor, bias: Tensor | None) -> nn.Linear:
-    """An ``nn.Linear`` holding ``weight [out, in]`` (and ``bias [out]``)."""
-    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
-    with torch.no_grad():
-        layer.weight.copy_(weight)
-        if bias is not None:
-            layer.bias.copy_(bias)
-    return layer
-
-
-class DinScorer:
-    """Serving forward of a trained DIN: many candidates against one history per request.
-
-    ``dense``: ``"fp32"`` (the trained weights) or ``"int8"`` (quantised: the module doc)."""
-
-    cold_start: ColdStart | None = None  # the version's cold-start parts (scoring.model.coldstart)
-
-    def __init__(
-        self, net: DIN, *, dense: DenseWeights = "fp32", features: FeatureSpec | None = None
-    ) -> None:
-        if dense not in DENSE_WEIGHTS:
-            raise ValueError(f"dense weights {dense!r}: use one of {', '.join(DENSE_WEIGHTS)}")
-        net = net.eval()
-        self.net = net
-        self.spec = net.spec
-        self.dense: DenseWeights = dense
-        self.features = features or FeatureSpec()  # the inputs the version's requests need
-        d = net.spec.item_dim
-        first: nn.Linear = net.attention[0]  # type: ignore[assignment]
-        w = first.weight.detach()  # [h, 4d] = [Wq | Wk | Wd | Wp]
-        wq, wk, wd, wp = w[:, :d], w[:, d : 2 * d], w[:, 2 * d : 3 * d], w[:, 3 * d :]
-        self.w_cand = (wq + wd).t().contiguous()  # [d, h]
-        self.w_hist = (wk - wd).t().contiguous()  # [d, h]
-        self.w_prod = wp.t().contiguous()  # [d, h]
-        self.bias = first.bias.detach().clone()  # [h]
-        self.rest = net.attention[1:]  # PReLU, Linear, ..., Linear(., 1)
-        self._int8: nn.ModuleDict | None = None
-        if dense == "int8":
-            fp32 = nn.ModuleDict(
-                {
-                    "cand": _linear(self.w_cand.t(), self.bias),  # d -> h
-                    "hist": _linear(self.w_hist.t(), None),  # d -> h
-                    "rest": self.rest,
-                }
-            )
-            with warnings.catch_warnings():
-                # torch 2.13 warns that its quantised tensor types will move to torchao; they
-                # still work, and the int8 option is opt-in (docs/benchmarks.md), so the warning
-                # would only repeat on every model load.
-                warnings.filterwarnings("ignore", message=".*quantized tensor creation functions")
-                # A quantised copy: the fp32 net stays as it was.
-                self._int8 = quantize_dynamic(fp32, {nn.Linear}, dtype=torch.qint8).eval()
-
-    @classmethod
-    def from_state(
-        cls,
-        spec: ModelSpec,
-        state: Mapping[str, Tensor],
-        *,
-        dense: DenseWeights = "fp32",
-        features: FeatureSpec | None = None,
-    ) -> DinScorer:
-        """Build from a dense state dict (small tables under ``tables.`` are ignored here)."""
-        if spec.kind != "din":
-            raise ArtifactError(f"the serving scorer needs a DIN artifact, not {spec.kind!r}")
-        net = DIN(spec)
-        weights = {k: v for k, v in state.items() if not k.startswith(TABLE_PREFIX)}
-        broken = sorted(k for k, v in weights.items() if not bool(torch.isfinite(v).all()))
-        if broken:
-            # Every score would be NaN: refuse the version rather than serve it.
-            raise ArtifactError(f"dense weights hold NaN/Inf in {', '.join(broken[:5])}")
-        try:
-            net.load_state_dict(weights, strict=True)
-        except RuntimeError as exc:
-            raise ArtifactError(
-                f"dense weights do not match the config's model dims: {exc}"
-            ) from exc
-        return cls(net, dense=dense, features=features)
-
-    @classmethod
-    def from_bytes(
-        cls, config: Mapping[str, Any], dense: bytes, *, weights: DenseWeights = "fp32"
-    ) -> DinScorer:
-        """Build from config.json (parsed) and the dense safetensors bytes (as stored in Redis);
-        ``weights``: serve them as fp32 or int8."""
-        spec = ModelSpec.from_json(config.get("model", {}))
-        try:
-            state = st_load(dense)
-        except Exception as exc:  # safetensors raises its own error types
-            raise ArtifactError(f"dense weights are not a valid safetensors file: {exc}") from exc
-        scorer = cls.from_state(spec, state, dense=weights, features=features_of(config, spec))
-        scorer.cold_start = cold_start_from(config, state, spec.id_dim, spec.category_dim)
-        return scorer
-
-    # (candidate, event) pairs per chunk: keeps the [b, C, L, h] intermediates in cache
-    # (docs/model.md#the-serving-forward-dinscorer).
-    PAIRS_PER_CHUNK = 10_000
-
-    @torch.inference_mode()
-    def score_logits(
-        self,
-        hist: Tensor,
-        hist_mask: Tensor,
-        cands: Tensor,
-        cand_mask: Tensor,
-        side: SideInputs = NO_SIDE,
-    ) -> Tensor:
-        """``hist [B, L, d]``, ``hist_mask [B, L]``, ``cands [B, C, d]``, ``cand_mask [B, C]`` ->
-        logits ``[B, C]`` (padded candidates: 0 with int8 weights, unspecified with fp32)."""
-        hist = self.net.actions(hist, side)  # [B, L, d]
-        if self._int8 is not None:
-            return self._logits_int8(self._int8, hist, hist_mask, cands, cand_mask, side)
-        b, c, length = cands.shape[0], cands.shape[1], hist.shape[1]
-        step = max(1, self.PAIRS_PER_CHUNK // max(1, c * length))
-        if step >= b:
-            return self._logits(hist, hist_mask, cands, side)
-        parts = [
-            self._logits(
-                hist[i : i + step],
-                hist_mask[i : i + step],
-                cands[i : i + step],
-                side.rows(i, i + step),
-            )
-            for i in range(0, b, step)
-        ]
-        return torch.cat(parts)  # [B, C]
-
-    def _logits(self, hist: Tensor, hist_mask: Tensor, cands: Tensor, side: SideInputs) -> Tensor:
-        hist = hist.masked_fill(~hist_mask.unsqueeze(-1), 0.0)  # [B, L, d]; padding (even NaN) -> 0
-        a = torch.addmm(self.bias, cands.reshape(-1, cands.shape[-1]), self.w_cand)  # [B*C, h]
-        a = a.view(cands.shape[0], cands.shape[1], 1, self.bias.shape[0])  # [B, C, 1, h]
-        h = torch.matmul(hist, self.w_hist).unsqueeze(1)  # [B, 1, L, h]: once per request
-        qw = cands.unsqueeze(-1) * self.w_prod  # [B, C, d, h]: diag(q)·Wp^T
-        x = torch.matmul(hist.unsqueeze(1), qw)  # [B, C, L, h]: Wp·(q*k) for every pair
-        x += a
-        x += h
-        w = self.rest(x).squeeze(-1)  # [B, C, L]
-        w = w * hist_mask.unsqueeze(1)  # [B, C, L]
-        pooled = torch.matmul(w, hist)  # [B, C, d]
-        return self.net.head(pooled, cands, side)  # [B, C]
-
-    def _logits_int8(
-        self,
-        q: nn.ModuleDict,
-        hist: Tensor,
-        hist_mask: Tensor,
-        cands: Tensor,
-        cand_mask: Tensor,
-        side: SideInputs,
-    ) -> Tensor:
-        """The int8 forward, one request at a time on its valid events and candidates (a
-        dynamic range must not see padding or other requests)."""
-        out = torch.zeros(cand_mask.shape)  # [B, C]
-        for i in range(cands.shape[0]):
-            keep = cand_mask[i].nonzero().squeeze(1)  # [c]
-            if keep.numel() == 0:
-                continue
-            cv = cands[i, keep].unsqueeze(0)  # [1, c, d]
-            hv = hist[i, hist_mask[i]]  # [l, d]: the valid events only
-            if hv.shape[0]:
-                a = q["cand"](cv).unsqueeze(2)  # [1, c, 1, h]
-                h = q["hist"](hv)  # [l, h]
-                qw = cv.unsqueeze(-1) * self.w_prod  # [1, c, d, h]: product term stays fp32
-                x = torch.matmul(hv, qw)  # [1, c, l, h]
-                x += a
-                x += h
-                w = q["rest"](x).squeeze(-1)  # [1, c, l]
-                pooled = torch.matmul(w, hv)  # [1, c, d]
-            else:
-                pooled = torch.zeros_like(cv)  # [1, c, d]: no history, no interest
-            one = side.rows(i, i + 1)
-            if one.dense is not None:
-                one = SideInputs(one.codes, one.dense[:, keep], one.actions)  # [1, c, F]
-            out[i, keep] = self.net.head(pooled, cv, one)[0]  # [c]: the head stays fp32
-        return out
-
-    def score(
-        self,
-        hist: npt.ArrayLike | Tensor,
-        hist_mask: npt.ArrayLike | Tensor,
-        cands: npt.ArrayLike | Tensor,
-        cand_mask: npt.ArrayLike | Tensor,
-        side: SideArrays | None = None,
-    ) -> npt.NDArray[np.float32]:
-        """Click probabilities ``[B, C]`` (0 where ``cand_mask`` is False).
-
-        ``hist [B, L, d]`` float32, ``hist_mask [B, L]`` bool, ``cands [B, C, d]`` float32,
-        ``cand_mask [B, C]`` bool. A request with an empty history is scored on the candidate alone.
-        ``side``: the inputs the version's feature spec adds (:class:`SideArrays`); a model
-        without side inputs takes none.
-        """
-        h, hm = tensor(hist, np.float32), tensor(hist_mask, bool)
-        c, cm = tensor(cands, np.float32), tensor(cand_mask, bool)
-        d = self.spec.item_dim
-        if h.dim() != 3 or c.dim() != 3 or h.shape[-1] != d or c.shape[-1] != d:
-            raise ValueError(
-                f"expected hist [B, L, {d}] and cands [B, C, {d}], got {tuple(h.shape)}, {tuple(c.shape)}"
-            )
-        if hm.shape != h.shape[:2] or cm.shape != c.shape[:2] or h.shape[0] != c.shape[0]:
-            raise ValueError("masks must be [B, L] and [B, C] matching hist and cands")
-        probs = torch.sigmoid(self.score_logits(h, hm, c, cm, side_tensors(side)))  # [B, C]
-        return torch.where(cm, probs, torch.zeros_like(probs)).numpy()
 
 
 def features_of(config: Mapping[str, Any], spec: ModelSpec) -> FeatureSpec:

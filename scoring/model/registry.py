@@ -25,11 +25,14 @@ from scoring.embeddings.store import EmbeddingStore
 from scoring.embeddings.validate import check_name
 from scoring.model.artifact import Artifact
 from scoring.model.canary import parse_split
-from scoring.model.din import DenseWeights, DinScorer, ModelSpec, features_of
+from scoring.model.din import DenseWeights, ModelSpec, features_of
 from scoring.model.features import check_servable
+from scoring.model.onnx_graph import export_graph
 from scoring.model.retrieval import RetrievalFiles, Retriever
+from scoring.model.runtimes import ForwardRuntime
+from scoring.model.scorer import DinScorer
 from streamrank import keys
-from streamrank.errors import ArtifactError, EmbeddingError, UnknownVersion
+from streamrank.errors import ArtifactError, EmbeddingError, RuntimeUnavailable, UnknownVersion
 from streamrank.redis.client import unlink_matching
 from streamrank.redis.errors import redis_call
 from streamrank.settings import FeatureSettings
@@ -88,18 +91,32 @@ async def publish_artifact(
     chunks = None
     if artifact.retrieval is not None:
         chunks = await _publish_retrieval(redis, version, artifact.retrieval)
+    graph = await asyncio.to_thread(_onnx_graph, artifact)
     pipe = redis.pipeline(transaction=False)
     pipe.set(keys.model_dense(version), artifact.dense)
+    if graph is not None:
+        pipe.set(keys.model_graph(version), graph)
     pipe.set(keys.model_config(version), artifact.config_bytes(encoding=enc, chunks=chunks))  # last
     await pipe.execute()
     logger.info("published %s (%s rows, %s)", version, rows, enc)
     out: dict[str, Any] = {"version": version, "encoding": enc, "item_table": table_report,
-                           "dense_bytes": len(artifact.dense)}  # fmt: skip
+                           "dense_bytes": len(artifact.dense),
+                           "onnx_graph_bytes": len(graph) if graph else None}  # fmt: skip
     if artifact.retrieval is not None and chunks is not None:
         index = artifact.retrieval.config.get("index", {})
         out["retrieval"] = {"index": index.get("kind"), "index_bytes": len(artifact.retrieval.index),
                                "weights_bytes": len(artifact.retrieval.weights), "chunks": chunks}  # fmt: skip
     return out
+
+
+def _onnx_graph(artifact: Artifact) -> bytes | None:
+    """The forward's ONNX graph (for workers serving with the onnx runtime); None without the
+    exporter (``streamrank[onnx]``)."""
+    try:
+        return export_graph(artifact.scorer().pair)
+    except RuntimeUnavailable as exc:
+        logger.info("published without an ONNX graph (%s)", exc)
+        return None
 
 
 def _cut(data: bytes) -> list[bytes]:
@@ -222,12 +239,18 @@ async def active_version(redis: aioredis.Redis) -> str | None:
 
 
 async def load_scorer_from_redis(
-    redis: aioredis.Redis, version: str, *, dense: DenseWeights = "fp32"
+    redis: aioredis.Redis,
+    version: str,
+    *,
+    dense: DenseWeights = "fp32",
+    runtime: ForwardRuntime = "eager",
+    threads: int = 1,
 ) -> tuple[DinScorer, dict[str, Any]]:
-    """The serving scorer (dense weights served as ``dense``) and config of a published version,
-    from Redis alone (one round trip)."""
-    config_raw, dense_raw = await redis.mget(
-        [keys.model_config(version), keys.model_dense(version)]
+    """The serving scorer (dense weights served as ``dense``, the forward on ``runtime``) and
+    config of a published version, from Redis alone (one round trip). The scorer is built (and
+    compiled) on a thread of its own: the event loop goes on meanwhile."""
+    config_raw, dense_raw, graph = await redis.mget(
+        [keys.model_config(version), keys.model_dense(version), keys.model_graph(version)]
     )
     if config_raw is None or dense_raw is None:
         raise UnknownVersion(
@@ -235,7 +258,11 @@ async def load_scorer_from_redis(
         )
     config = _parse_config(config_raw, version)
     weights = dense_raw if isinstance(dense_raw, bytes) else dense_raw.encode()
-    return DinScorer.from_bytes(config, weights, weights=dense), config
+    scorer = await asyncio.to_thread(
+        DinScorer.from_bytes, config, weights, weights=dense, runtime=runtime,
+        graph=graph if runtime == "onnx" and isinstance(graph, bytes) else None, threads=threads,
+    )  # fmt: skip
+    return scorer, config
 
 
 async def delete_version(store: EmbeddingStore, version: str, *, force: bool = False) -> int:
@@ -263,7 +290,11 @@ async def delete_version(store: EmbeddingStore, version: str, *, force: bool = F
                 f"version {version!r} is in the canary split {keys.model_split()} "
                 f"({_text(split)!r}); take it out of the split first (or pass force)"
             )
-        deleted = int(await redis.unlink(keys.model_config(version), keys.model_dense(version)))
+        deleted = int(
+            await redis.unlink(
+                keys.model_config(version), keys.model_dense(version), keys.model_graph(version)
+            )
+        )
         for what in CHUNKED:
             deleted += await unlink_matching(redis, keys.model_chunks_pattern(version, what))
         known, table_keys = await store.delete_version_keys(version)

@@ -98,8 +98,9 @@ class ScoringMetrics(GroupMetrics):
         )
         self.model_info = Gauge(
             "streamrank_scoring_model_info",
-            "1 for each model version this worker serves, with its item table's encoding.",
-            ["version", "encoding"],
+            "1 for each model version this worker serves, with its item table's encoding and "
+            "the runtime of its forward.",
+            ["version", "encoding", "runtime"],
             registry=r,
         )
         self.model_loaded = Gauge(
@@ -167,6 +168,7 @@ class ScoringMetrics(GroupMetrics):
         )
         self._versions: set[str] = set()
         self._encodings: dict[str, str] = {}
+        self._runtimes: dict[str, str] = {}
         # labelled children looked up once: labels() per reply and stage shows in the profile
         self._stages = {stage: self.stage_latency.labels(stage) for stage in STAGES}
         self._outcomes: dict[tuple[str, str | None, str], Any] = {}
@@ -192,6 +194,10 @@ class ScoringMetrics(GroupMetrics):
         """The encoding of a loaded version's item table (for ``model_info``)."""
         self._encodings[version] = encoding
 
+    def model_runtime(self, version: str, runtime: str) -> None:
+        """The runtime serving a loaded version's forward (for ``model_info``)."""
+        self._runtimes[version] = runtime
+
     def observe_stages(self, timings_ms: Mapping[str, float]) -> None:
         stages = self._stages
         for stage, value in timings_ms.items():
@@ -205,6 +211,8 @@ class ScoringMetrics(GroupMetrics):
             self.model_active.remove(version)
         for version, weight in split:
             self.model_active.labels(version).set(weight)
-            self.model_info.labels(version, self._encodings.get(version, "unknown")).set(1)
+            encoding = self._encodings.get(version, "unknown")
+            runtime = self._runtimes.get(version, "unknown")
+            self.model_info.labels(version, encoding, runtime).set(1)
         self._versions = {v for v, _ in split}
         self.model_loaded.set(1 if split else 0)

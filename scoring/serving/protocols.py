@@ -1,7 +1,7 @@
 """The interfaces the scoring worker codes against.
 
 The real implementations are ``streams.reader.FeatureReader``,
-``scoring.embeddings.cache.CachedEmbeddings``, ``scoring.model.din.DinScorer``,
+``scoring.embeddings.cache.CachedEmbeddings``, ``scoring.model.scorer.DinScorer``,
 ``scoring.model.retrieval.Retriever`` and ``scoring.serving.hotpool.HotPool``; these
 Protocols only say what the worker calls, so its pure parts can be unit-tested without a broker.
 """

@@ -21,6 +21,7 @@ from scoring.serving.result_cache import ResultCache
 from scoring.serving.service import RankService
 from scoring.serving.watcher import Loader, RecentIds, RetrieverLoader, VersionWatcher
 from streamrank.redis.client import redis_client
+from streamrank.runtime.memory import retain_freed_memory
 from streamrank.settings import ScoringSettings, Settings
 
 logger = logging.getLogger(__name__)
@@ -40,11 +41,12 @@ class Dependencies:
 
 
 def configure_torch(scoring: ScoringSettings) -> None:
-    """Torch and faiss thread pools from the settings (inter-op can only be set once per
-    process)."""
+    """Torch and faiss thread pools and the allocator's thresholds from the settings (inter-op
+    can only be set once per process)."""
     import faiss
     import torch
 
+    retain_freed_memory(scoring.retain_freed_mb)
     torch.set_num_threads(scoring.torch_threads)
     with contextlib.suppress(RuntimeError):
         torch.set_num_interop_threads(scoring.torch_interop_threads)
@@ -75,10 +77,12 @@ def real_dependencies(
 
     async def loader(version: str) -> Any:
         scorer, config = await load_scorer_from_redis(
-            redis, version, dense=settings.scoring.dense_weights
-        )
+            redis, version, dense=settings.scoring.dense_weights,
+            runtime=settings.scoring.runtime, threads=settings.scoring.torch_threads,
+        )  # fmt: skip
         check_servable(scorer.features, settings.features)  # refused: serving stays as it is
         metrics.model_encoding(version, str(config.get("encoding", "unknown")))
+        metrics.model_runtime(version, scorer.runtime)
         return scorer
 
     return features, embeddings, loader

@@ -30,8 +30,9 @@ from tqdm import tqdm
 
 from scoring.model.artifact import Artifact, save_artifact
 from scoring.model.coldstart import NEW_ITEM_TABLE, ColdStart
-from scoring.model.din import DIN, TABLE_PREFIX, DinScorer, ModelSpec, dense_state
+from scoring.model.din import DIN, TABLE_PREFIX, ModelSpec, dense_state
 from scoring.model.features import FeatureSpec
+from scoring.model.scorer import DinScorer
 from scoring.model.side import SideInputs
 from scoring.training.served_data import DatasetInfo, ServedSample, summary, time_split
 from scoring.training.served_eval import (

@@ -18,9 +18,10 @@ import numpy as np
 import numpy.typing as npt
 from tqdm import tqdm
 
-from scoring.model.din import DIN, DinScorer
+from scoring.model.din import DIN
 from scoring.model.features import FeatureSpec
 from scoring.model.retrieval import RetrievalFiles, Retriever
+from scoring.model.scorer import DinScorer
 from scoring.training.cascade_eval import CascadeConfig, CascadeResult, run_cascade
 from scoring.training.data import Dataset, Samples, Split
 from scoring.training.pointintime import LogIndex, side_values

@@ -22,8 +22,9 @@ import numpy.typing as npt
 from scoring.embeddings.codec import roundtrip
 from scoring.model.artifact import Artifact
 from scoring.model.coldstart import ColdStart
-from scoring.model.din import DenseWeights, DinScorer
+from scoring.model.din import DenseWeights
 from scoring.model.features import COUNTERS, FeatureSpec, action_codes, dense_counters
+from scoring.model.scorer import DinScorer
 from scoring.model.side import SideArrays
 from scoring.training.evaluation import auc
 from scoring.training.served_data import ServedSample, ranks_by_score

@@ -22,8 +22,9 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from scoring.embeddings.codec import ENCODINGS, roundtrip
-from scoring.model.din import DIN, DinScorer, ItemTower, ModelSpec, build_net
+from scoring.model.din import DIN, ItemTower, ModelSpec, build_net
 from scoring.model.features import COUNTERS, FAMILIES, FeatureSpec
+from scoring.model.scorer import DinScorer
 from scoring.model.side import SideArrays, SideInputs
 from scoring.training.coldstart_fit import fit_new_item
 from scoring.training.data import Dataset, Samples, Split, attribute_vocab, build_samples

@@ -71,7 +71,7 @@ def sentinel_client(
     port are not used)."""
     from redis.asyncio.sentinel import Sentinel
 
-    params = dict(parse_url(url))
+    params: dict[str, Any] = dict(parse_url(url))
     params.pop("host", None)
     params.pop("port", None)
     if params.pop("connection_class", None) is SSLConnection:

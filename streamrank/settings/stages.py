@@ -170,6 +170,22 @@ class ScoringSettings(Section):
         "is the default (docs/benchmarks.md, 'Model cost'). `streamrank replay` scores offline "
         "with the same option.",
     )
+    runtime: Literal["compiled", "eager", "onnx"] = Field(
+        "compiled",
+        description="What runs the DIN forward (fp32 dense weights): compiled (torch.compile's "
+        "inductor, fused C++ kernels; needs a C++ compiler at run time and compiles each "
+        "architecture before the version takes traffic), eager (torch op by op) or onnx (ONNX "
+        "Runtime on the graph exported at publish; needs streamrank[onnx]). All three score "
+        "within 1e-5 of eager, checked when a version loads; one that cannot run falls back to "
+        "eager with an error logged (docs/model.md, 'Inference runtimes').",
+    )
+    retain_freed_mb: int = Field(
+        256,
+        ge=0,
+        description="Freed memory glibc keeps for reuse instead of handing it back to the kernel "
+        "(M_TRIM_THRESHOLD; allocations up to a quarter of it stay on the heap): without it every "
+        "forward's MB-sized intermediates are mapped and faulted in again. 0: glibc's defaults.",
+    )
     breaker_failures: int = Field(
         3, ge=1, description="Redis failures in a row that open the breaker."
     )

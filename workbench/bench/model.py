@@ -1,12 +1,13 @@
-"""``streamrank bench model``: forward-only DIN throughput, straightforward vs the serving split.
+"""``streamrank bench model``: forward-only DIN throughput on each inference runtime.
 
-Both paths score the same requests (``--candidates`` items against one ``--history`` of events)
-with the same weights: the straightforward :meth:`DIN.forward` repeats the history per
-candidate and builds ``[C, L, 4d]`` attention inputs; :class:`DinScorer` splits the first
-attention layer (candidate term, history term once per request, product term). The figures are
-medians over ``--repeats`` timed runs, alternating between the two paths so both see the same
-machine load; the speed-up is the median of the per-run ratios. The same run checks that the
-two paths agree.
+Every runtime (eager, compiled, onnx: :mod:`scoring.model.runtimes`) scores the same requests
+(``--shapes``: candidates x history events, one request per forward unless ``--batch``) with the
+same weights; the timed runs rotate between the runtimes so all see the same machine load, and
+each ratio is the median of the per-run ratios against eager. The same run checks that every
+runtime agrees with eager, times eager with glibc's default allocator first (before the
+worker's allocator settings apply: ``STREAMRANK_SCORING_RETAIN_FREED_MB``), and, with
+``--straightforward``, the serving split against the straightforward :meth:`DIN.forward`
+(which repeats the history per candidate and builds ``[C, L, 4d]`` attention inputs).
 
 ``--compare-dense``: the serving split with fp32 dense weights against the same weights served
 as int8 (dynamic quantisation), timed the same way (alternating runs), and the test AUC of both
@@ -20,6 +21,7 @@ import argparse
 import functools
 import statistics
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,20 +29,34 @@ import numpy as np
 import torch
 
 from scoring.model.artifact import CANDIDATES_FILE, Artifact, load_artifact
-from scoring.model.din import DENSE_WEIGHTS, DIN, DinScorer, ModelSpec
+from scoring.model.din import DENSE_WEIGHTS, DIN, ModelSpec
+from scoring.model.onnx_graph import export_graph
+from scoring.model.runtimes import FORWARD_RUNTIMES, Forward, ForwardRuntime
+from scoring.model.scorer import DinScorer, runtime_forward
+from scoring.serving.wiring import configure_torch
+from streamrank.errors import ConfigError, RuntimeUnavailable
 from streamrank.settings import Settings
 from workbench.devstack.cases import load_cases, newest_artifact, offline_scores, quality
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--candidates", type=int, default=100, help="candidates per request")
-    parser.add_argument("--history", type=int, default=50, help="history events per request")
     parser.add_argument(
-        "--batch", type=int, nargs="+", default=[1, 32], help="requests per forward"
+        "--shapes", default="100x50,500x50", help="candidates x history events, comma-separated"
     )
+    parser.add_argument(
+        "--runtimes", default=",".join(FORWARD_RUNTIMES), help="runtimes to time (eager always)"
+    )
+    parser.add_argument("--candidates", type=int, default=100, help="candidates (--compare-dense)")
+    parser.add_argument("--history", type=int, default=50, help="history events (--compare-dense)")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1], help="requests per forward")
     parser.add_argument("--repeats", type=int, default=7, help="timed runs per figure (median)")
     parser.add_argument("--seconds", type=float, default=0.5, help="minimum time per timed run")
     parser.add_argument("--artifact", type=Path, default=None, help="use this artifact's weights")
+    parser.add_argument(
+        "--straightforward",
+        action="store_true",
+        help="also time the serving split against the straightforward DIN forward",
+    )
     parser.add_argument(
         "--compare-dense",
         action="store_true",
@@ -70,18 +86,24 @@ def _per_call(fn: Any, calls: int) -> float:
     return (time.perf_counter() - start) / calls
 
 
-def _time_pair(a: Any, b: Any, *, seconds: float, repeats: int) -> tuple[float, float, float]:
-    """Median seconds per call of ``a`` and ``b`` and the median of the per-run ratios a/b.
-
-    Runs alternate (a, b, a, b, ...) so both paths see the same load on a shared machine.
-    """
-    calls_a, calls_b = _calls_per_run(a, seconds), _calls_per_run(b, seconds)
-    times_a, times_b = [], []
+def _time_rotating(
+    fns: Mapping[str, Any], *, seconds: float, repeats: int
+) -> dict[str, list[float]]:
+    """Seconds per call of each function in each of ``repeats`` runs; the runs rotate
+    (a, b, c, a, b, c, ...) so all see the same load on a shared machine."""
+    calls = {name: _calls_per_run(fn, seconds) for name, fn in fns.items()}
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
-        times_a.append(_per_call(a, calls_a))
-        times_b.append(_per_call(b, calls_b))
-    ratios = [x / y for x, y in zip(times_a, times_b, strict=True)]
-    return statistics.median(times_a), statistics.median(times_b), statistics.median(ratios)
+        for name, fn in fns.items():
+            times[name].append(_per_call(fn, calls[name]))
+    return times
+
+
+def _time_pair(a: Any, b: Any, *, seconds: float, repeats: int) -> tuple[float, float, float]:
+    """Median seconds per call of ``a`` and ``b`` and the median of the per-run ratios a/b."""
+    times = _time_rotating({"a": a, "b": b}, seconds=seconds, repeats=repeats)
+    ratios = [x / y for x, y in zip(times["a"], times["b"], strict=True)]
+    return statistics.median(times["a"]), statistics.median(times["b"]), statistics.median(ratios)
 
 
 def _plain(net: DIN, hist: torch.Tensor, mask: torch.Tensor, cands: torch.Tensor) -> torch.Tensor:
@@ -160,53 +182,157 @@ def compare_dense(args: argparse.Namespace, settings: Settings) -> dict[str, Any
     return out
 
 
+def _shapes(text: str) -> list[tuple[int, int]]:
+    try:
+        pairs = [tuple(int(n) for n in part.split("x")) for part in text.split(",")]
+    except ValueError:
+        pairs = []
+    if not pairs or any(len(p) != 2 or min(p) < 1 for p in pairs):
+        raise ConfigError(f"--shapes {text!r}: use CANDIDATESxHISTORY[,...], e.g. 100x50,500x50")
+    return [(p[0], p[1]) for p in pairs]
+
+
+def _runtimes(text: str) -> list[ForwardRuntime]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in FORWARD_RUNTIMES]
+    if unknown:
+        raise ConfigError(f"--runtimes: unknown {unknown}; use {', '.join(FORWARD_RUNTIMES)}")
+    return ["eager", *(n for n in FORWARD_RUNTIMES if n in names and n != "eager")]
+
+
+def _forwards(
+    scorer: DinScorer, runtimes: list[ForwardRuntime], threads: int
+) -> tuple[dict[str, Forward], dict[str, Any]]:
+    """Each runtime's forward of ``scorer``'s weights, and what setting it up cost."""
+    out: dict[str, Forward] = {}
+    setup: dict[str, Any] = {}
+    for name in runtimes:
+        start = time.perf_counter()
+        try:
+            graph = export_graph(scorer.pair) if name == "onnx" else None
+            out[name] = runtime_forward(scorer.pair, name, graph=graph, threads=threads)
+        except RuntimeUnavailable as exc:
+            setup[name] = {"unavailable": str(exc)}
+            continue
+        setup[name] = {"setup_s": round(time.perf_counter() - start, 2)}
+    return out, setup
+
+
+def _shape_inputs(
+    scorer: DinScorer, b: int, c: int, length: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    d = scorer.spec.item_dim
+    with torch.inference_mode():  # what serving passes (score_logits runs in inference mode)
+        hist = torch.randn(b, length, d, generator=gen)  # [B, L, d]
+        mask = torch.ones(b, length, dtype=torch.bool)  # [B, L]
+        cands = torch.randn(b, c, d, generator=gen)  # [B, C, d]
+    return hist, mask, cands
+
+
+def _time_shape(
+    forwards: Mapping[str, Forward],
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    b: int,
+    args: Any,
+) -> dict[str, Any]:
+    """Every runtime on one shape: req/s, ms per forward, ratio to eager, largest difference."""
+    hist, mask, cands = inputs
+    calls = {
+        name: functools.partial(f, hist, mask, cands, None, None) for name, f in forwards.items()
+    }
+    with torch.inference_mode():
+        want = torch.sigmoid(calls["eager"]())
+        diffs = {n: float((torch.sigmoid(fn()) - want).abs().max()) for n, fn in calls.items()}
+        times = _time_rotating(calls, seconds=args.seconds, repeats=args.repeats)
+    out: dict[str, Any] = {}
+    for name, runs in times.items():
+        ratios = [e / t for e, t in zip(times["eager"], runs, strict=True)]
+        out[name] = {
+            "forward_rps": round(b / statistics.median(runs), 1),
+            "forward_ms": round(statistics.median(runs) * 1e3, 4),
+            "vs_eager": round(statistics.median(ratios), 3),  # median of per-run eager/this
+            "max_abs_prob_diff": diffs[name],
+        }
+    return out
+
+
+def _eager_default_allocator(scorer: DinScorer, shapes: list[tuple[int, int]], args: Any) -> Any:
+    """Eager req/s per shape before the allocator settings apply (glibc's own thresholds)."""
+    out = {}
+    for c, length in shapes:
+        inputs = _shape_inputs(scorer, 1, c, length)
+        fn = functools.partial(scorer.pair, *inputs)
+        with torch.inference_mode():
+            runs = _time_rotating({"eager": fn}, seconds=args.seconds, repeats=args.repeats)
+        out[f"{c}x{length}"] = {"forward_rps": round(1 / statistics.median(runs["eager"]), 1)}
+    return out
+
+
 def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     if args.compare_dense:
         return compare_dense(args, settings)
+    shapes, runtimes = _shapes(args.shapes), _runtimes(args.runtimes)
     torch.set_num_threads(settings.scoring.torch_threads)
     if args.artifact is not None:
         scorer = load_artifact(args.artifact).scorer()
     else:
         torch.manual_seed(0)
         scorer = DinScorer(DIN(ModelSpec()))
-    net = scorer.net
-    d, c, length = scorer.spec.item_dim, args.candidates, args.history
+    default_allocator = _eager_default_allocator(scorer, shapes, args)
+    configure_torch(settings.scoring)  # threads and allocator as a scoring worker has them
+    forwards, setup = _forwards(scorer, runtimes, settings.scoring.torch_threads)
     out: dict[str, Any] = {
-        "candidates": c,
-        "history": length,
-        "item_dim": d,
+        "shapes": [f"{c}x{length}" for c, length in shapes],
+        "item_dim": scorer.spec.item_dim,
         "attention_hidden": list(scorer.spec.attention_hidden),
         "torch_threads": settings.scoring.torch_threads,
         "repeats": args.repeats,
-        "results": [],
+        "default_runtime": settings.scoring.runtime,
+        "retain_freed_mb": settings.scoring.retain_freed_mb,
+        "eager_default_allocator": default_allocator,
+        "runtimes": {name: {**setup[name], "shapes": {}} for name in runtimes},
     }
-    gen = torch.Generator().manual_seed(1)
     for b in args.batch:
-        hist = torch.randn(b, length, d, generator=gen)  # [B, L, d]
-        mask = torch.ones(b, length, dtype=torch.bool)  # [B, L]
-        cands = torch.randn(b, c, d, generator=gen)  # [B, C, d]
+        for c, length in shapes:
+            timed = _time_shape(forwards, _shape_inputs(scorer, b, c, length), b, args)
+            for name, figures in timed.items():
+                out["runtimes"][name]["shapes"][f"{b}x{c}x{length}"] = figures
+    first = f"{args.batch[0]}x{shapes[0][0]}x{shapes[0][1]}"
+    for name, entry in out["runtimes"].items():
+        if name in forwards:  # the headline: the first batch size and shape
+            entry["forward_rps"] = entry["shapes"][first]["forward_rps"]
+            entry["vs_eager"] = entry["shapes"][first]["vs_eager"]
+    timed_rps = {n: e["forward_rps"] for n, e in out["runtimes"].items() if "forward_rps" in e}
+    out["fastest_runtime"] = max(timed_rps, key=lambda n: timed_rps[n])
+    if args.straightforward:
+        out["straightforward"] = _straightforward(scorer, args)
+    return out
+
+
+def _straightforward(scorer: DinScorer, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The serving split (eager) against :meth:`DIN.forward` on the first shape."""
+    c, length = _shapes(args.shapes)[0]
+    rows = []
+    for b in args.batch:
+        hist, mask, cands = _shape_inputs(scorer, b, c, length)
         flat_hist = hist.repeat_interleave(c, 0)  # [B*C, L, d]
         flat_mask = mask.repeat_interleave(c, 0)  # [B*C, L]
-        flat_cands = cands.reshape(b * c, d)  # [B*C, d]
-
-        straightforward = functools.partial(_plain, net, flat_hist, flat_mask, flat_cands)
+        flat_cands = cands.reshape(b * c, -1)  # [B*C, d]
+        plain = functools.partial(_plain, scorer.net, flat_hist, flat_mask, flat_cands)
         cmask = torch.ones(b, c, dtype=torch.bool)  # [B, C]
         split = functools.partial(scorer.score_logits, hist, mask, cands, cmask)
-
-        diff = float((straightforward().view(b, c) - split()).abs().max())
+        diff = float((plain().view(b, c) - split()).abs().max())
         t_plain, t_split, ratio = _time_pair(
-            straightforward, split, seconds=args.seconds, repeats=args.repeats
+            plain, split, seconds=args.seconds, repeats=args.repeats
         )
-        out["results"].append(
+        rows.append(
             {
                 "batch_requests": b,
                 "straightforward_ms": round(t_plain * 1e3, 3),
                 "split_ms": round(t_split * 1e3, 3),
-                "straightforward_candidates_per_s": round(b * c / t_plain),
-                "split_candidates_per_s": round(b * c / t_split),
                 "speedup": round(ratio, 2),  # median of per-run ratios (runs alternate)
                 "max_abs_logit_diff": diff,
             }
         )
-    out["speedup_median"] = float(np.median([r["speedup"] for r in out["results"]]))
-    return out
+    return rows

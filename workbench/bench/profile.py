@@ -28,7 +28,7 @@ from typing import Any
 from streamrank.settings import Settings
 
 OUR_PACKAGES = ("scoring", "streams", "schemas", "streamrank")
-MODEL_FRAMES = ("DinScorer.",)
+MODEL_FRAMES = ("DinScorer.", "PairForward.")
 STARTUP_FRAMES = ("_find_and_load", "_call_with_frames_removed")
 EVENT_LOOP = frozenset({"asyncio", "selectors"})  # the loop and its epoll wait
 MINOR = 0.005  # classes below this share are summed as "other"

@@ -7,6 +7,7 @@ from streamrank import keys
 
 def test_model_keys_are_byte_exact() -> None:
     assert keys.model_dense("din-20261129-ab12cd") == "sr:{model:din-20261129-ab12cd}:dense"
+    assert keys.model_graph("din-20261129-ab12cd") == "sr:{model:din-20261129-ab12cd}:onnx"
     assert keys.model_config("din-20261129-ab12cd") == "sr:{model:din-20261129-ab12cd}:config"
     assert keys.active_model() == "sr:{model}:active"
     assert keys.model_split() == "sr:{model}:split"

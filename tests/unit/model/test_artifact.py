@@ -18,7 +18,8 @@ from scoring.model.artifact import (
     new_version,
     save_artifact,
 )
-from scoring.model.din import DIN, DinScorer, ModelSpec, dense_state
+from scoring.model.din import DIN, ModelSpec, dense_state
+from scoring.model.scorer import DinScorer
 from streamrank.errors import ArtifactError
 
 SPEC = ModelSpec()

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from scoring.model.din import DIN, BaseModel, DinScorer, ModelSpec, PReLU, dense_bytes, dense_state
+from scoring.model.din import DIN, BaseModel, ModelSpec, PReLU, dense_bytes, dense_state
+from scoring.model.scorer import DinScorer
 from scoring.model.side import NO_SIDE, SideArrays, SideInputs
 from streamrank.errors import ArtifactError
 
@@ -166,7 +167,7 @@ def test_dense_weights_roundtrip_through_safetensors_bytes() -> None:
     )
 
 
-def test_bench_model_compares_both_paths_on_the_same_requests() -> None:
+def test_bench_model_times_every_runtime_on_the_same_inputs() -> None:
     import argparse
 
     from streamrank.settings import Settings
@@ -174,13 +175,22 @@ def test_bench_model_compares_both_paths_on_the_same_requests() -> None:
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args(["--batch", "1", "3", "--repeats", "1", "--seconds", "0.01"])
+    argv = ["--shapes", "6x4,9x5", "--runtimes", "eager,onnx", "--batch", "1", "3"]
+    args = parser.parse_args([*argv, "--repeats", "1", "--seconds", "0.01", "--straightforward"])
     out = run(args, Settings())
-    assert [r["batch_requests"] for r in out["results"]] == [1, 3]
-    for r in out["results"]:
-        assert r["max_abs_logit_diff"] < 1e-5
-        assert r["split_ms"] > 0 and r["straightforward_ms"] > 0
-        assert r["speedup"] > 0
+    assert out["default_runtime"] == "compiled" and out["shapes"] == ["6x4", "9x5"]
+    assert set(out["runtimes"]) == {"eager", "onnx"}
+    for name, entry in out["runtimes"].items():
+        assert set(entry["shapes"]) == {"1x6x4", "1x9x5", "3x6x4", "3x9x5"}
+        assert entry["forward_rps"] == entry["shapes"]["1x6x4"]["forward_rps"] > 0
+        for figures in entry["shapes"].values():
+            assert figures["max_abs_prob_diff"] < 1e-5, name
+    assert out["runtimes"]["eager"]["vs_eager"] == 1.0
+    assert out["fastest_runtime"] in out["runtimes"]
+    assert set(out["eager_default_allocator"]) == {"6x4", "9x5"}
+    assert [r["batch_requests"] for r in out["straightforward"]] == [1, 3]
+    for r in out["straightforward"]:
+        assert r["max_abs_logit_diff"] < 1e-5 and r["split_ms"] > 0
 
 
 @pytest.mark.parametrize("dense", ["fp32", "int8"])

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from scoring.model.artifact import load_artifact, save_artifact
-from scoring.model.din import DIN, DinScorer, ModelSpec, dense_state
+from scoring.model.din import DIN, ModelSpec, dense_state
+from scoring.model.scorer import DinScorer
 
 SPEC = ModelSpec()
 D = SPEC.item_dim
