@@ -59,7 +59,19 @@ item_seen             string  ``sr:{i:<shard>}:seen:<event_id>``: "1" once the e
                               are applied: the item shard's own dedupe marker (the user's marker
                               lives in another slot, and no script spans two).
                               Lifetime: PXAT the expiry of the event's last counter bucket.
-                              Writer and reader: the features workers' batch script.
+                              Writer and reader: the features workers' batch script under
+                              ``write_contract=markers`` (:func:`seen` too).
+event_ids             set     ``sr:{s:<n>}:ids:<generation>``: the ``user_id \\x1f event_id`` of
+                              every event whose effects in one slot group are applied (dedupe of
+                              replays and producer duplicates, ``write_contract=id_sets``);
+                              ``{s:<n>}`` = :func:`slot_tag` of the group's hash slot (slot 0 on a
+                              single server), ``generation`` = now // ``dedupe_ttl_s`` (processing
+                              time): a batch checks its generation and the one before and adds to
+                              its own.
+                              Lifetime: PEXPIREAT the end of the next generation, so an event id
+                              is remembered between ``dedupe_ttl_s`` and twice that.
+                              Writer and reader: the features workers' batch script
+                              (streams.id_sets).
 result_cache          string  ``sr:{u:<user>}:res:<version>:<variant>``: the latest final result of a
                               retrieval request (JSON: the sequence version it was computed
                               for, items, scores, served features); ``variant`` = a digest of
@@ -159,59 +171,6 @@ group_members         hash    ``sr:{grp:<group>}:members``: the consumer group's
                               runs; the key's TTL (and each ``expires``) drop members that are gone.
                               Writers: every worker (streamrank.runtime.groups). Readers: ``streamrank
                               lag`` and ``top`` (workbench.lag).
-outcome_open          hash    ``sr:out:open:<user>``: the user's served records whose attribution
-                              window is open: field = request_id, value = the pending record
-                              (JSON: version, served_at, items, scores, ranks, clicks so far, its
-                              stats key).
-                              Lifetime: removed when the record closes; TTL window + close delay +
-                              a margin, renewed on every write (cleans up after a closer that never
-                              ran). Writer and reader: outcomes workers (scoring.rollout.join).
-outcome_items         hash    ``sr:out:items:<user>``: last-touch index: field = item id, value =
-                              the ``\\x1f``-joined request ids of the user's open records that
-                              ranked the item (newest last).
-                              Lifetime: as ``outcome_open``. Writer and reader: outcomes workers.
-outcome_clicks        zset    ``sr:out:clicks:<user>``: the user's clicks no open record claimed
-                              yet (score = click ts, member = ``event_id \\x1f item_id``): a served
-                              record processed after its click still gets it.
-                              Lifetime: trimmed to the attribution window; TTL as
-                              ``outcome_open``. Writer and reader: outcomes workers.
-outcome_seen          string  ``sr:out:seen:<user>:<request_id>``: "1" once a served record is
-                              joined (dedupe under redelivery).
-                              Lifetime: TTL ``dedupe_ttl_s``. Writer and reader: outcomes workers.
-outcome_due           zset    ``sr:out:due``: open records by close time (member = ``user \\x1f
-                              request_id``, :func:`outcome_due_member`; score = epoch ms); a closer
-                              claims entries by moving them forward.
-                              Lifetime: no TTL; an entry is removed when its record closes.
-                              Writer and reader: outcomes workers.
-outcome_stats         hash    ``sr:out:stats:<bucket_s>:<version>:<start>``: one version's online
-                              statistics of the requests served in one time bucket (``start`` =
-                              bucket start, epoch s): counters, sums and score/latency histograms
-                              (scoring.rollout.stats).
-                              Lifetime: TTL ``outcome_retention_s``, renewed on every write.
-                              Writer: outcomes workers. Readers (scoring.rollout.online): the
-                              rollout driver, ``streamrank rollout status``, the outcomes
-                              workers' metrics.
-outcome_versions      zset    ``sr:out:versions``: versions that have statistics (score = the latest
-                              served_at, epoch ms).
-                              Lifetime: no TTL (one member per version ever served).
-                              Writer: outcomes workers. Readers: as ``outcome_stats``.
-rollout_state         hash    ``sr:rollout:state``: the staged rollout (new, old, steps, step,
-                              since, status, guard ...; ``rev`` counts transitions).
-                              Lifetime: no TTL; replaced when a rollout starts.
-                              Writer and readers: ``streamrank rollout`` and its driver
-                              (scoring.rollout.state, compare-and-set transitions).
-rollout_history       list    ``sr:rollout:history``: the rollout's decisions, JSON, oldest first.
-                              Lifetime: the last ``HISTORY_KEEP`` entries; cleared when a rollout
-                              starts. Writer and readers: as ``rollout_state``.
-rollout_lease         string  ``sr:rollout:lease``: the driver holding the lease (owner id).
-                              Lifetime: PX TTL ``lease_s``, renewed by its holder.
-                              Writer: the rollout driver. Readers: the driver, ``streamrank
-                              rollout status``.
-retrain_cycles        list    ``sr:retrain:cycles``: the retrain loop's cycles, JSON, newest first
-                              (when, outcome, candidate and active version, gate figures).
-                              Lifetime: the last ``CYCLES_KEEP`` entries.
-                              Writer: ``streamrank retrain`` (scoring.rollout.cycles). Readers:
-                              ``streamrank rollout status``, the outcomes workers' metrics.
 ====================  ======  ======================================================================
 
 Ids are embedded verbatim (the message contract forbids control characters in ids, so
@@ -220,18 +179,32 @@ to the first ``}`` after the first ``{``, and every key of one user starts with 
 ``sr:{u:<user>`` (and the tag is never empty), so all of one user's keys still share one slot
 whatever the id holds (a property test checks it with Redis' own slot function).
 
-The online outcome and rollout keys carry no hash tag yet: the outcomes join script touches one
-user's keys together with the global ``due``/``stats``/``versions`` keys, so the outcomes worker
-and the rollout run on a standalone or Sentinel Redis only and refuse a Redis Cluster with a
-clear error. Every per-user and per-request key takes the user id first, so a re-tagging happens
-in these functions alone.
+The online outcome and rollout keys are built in :mod:`streamrank.outcome_keys` (its own table)
+and re-exported here.
 """
 
 from __future__ import annotations
 
+import binascii
+import functools
 import zlib
 from collections.abc import Iterable
 from typing import Any
+
+from streamrank.outcome_keys import (  # noqa: F401  (re-exported: one place to import keys from)
+    outcome_clicks,
+    outcome_due,
+    outcome_due_member,
+    outcome_items,
+    outcome_open,
+    outcome_seen,
+    outcome_stats,
+    outcome_versions,
+    retrain_cycles,
+    rollout_history,
+    rollout_lease,
+    rollout_state,
+)
 
 PREFIX = "sr"
 FIELD_SEP = "\x1f"
@@ -240,6 +213,7 @@ ITEM_TABLE = "item"  # the embedding table a model version's item vectors are pu
 # (they rebuild within 24 h, the longest window). 16 spreads one bucket over 16 slots (up to
 # 16 masters) while a candidate list still reads at most 16 hashes per bucket.
 ITEM_COUNTER_SHARDS = 16
+CLUSTER_SLOTS = 16384  # Redis Cluster's hash slots (CRC16 of the tag modulo this)
 
 
 def user_tag(user_id: str) -> str:
@@ -308,6 +282,37 @@ def item_counter_buckets(shard: int, resolution_s: int, starts: Iterable[int]) -
 def item_seen(shard: int, event_id: str) -> str:
     """The dedupe marker of one event's item counts, in its item's shard."""
     return f"{PREFIX}:{item_tag(shard)}:seen:{event_id}"
+
+
+@functools.cache
+def _slot_tags() -> tuple[str, ...]:
+    """The tag of each hash slot: ``{s:<n>}`` with the smallest n whose CRC16 lands there."""
+    tags: list[str | None] = [None] * CLUSTER_SLOTS
+    left, n = CLUSTER_SLOTS, 0
+    while left:
+        body = f"s:{n}"
+        slot = binascii.crc_hqx(body.encode(), 0) % CLUSTER_SLOTS
+        if tags[slot] is None:
+            tags[slot] = f"{{{body}}}"
+            left -= 1
+        n += 1
+    return tuple(t or "" for t in tags)
+
+
+def slot_tag(slot: int) -> str:
+    """The hash tag (with braces) of the keys that belong to one hash slot as a whole (the
+    writer's per-slot-group keys): Redis Cluster puts it in ``slot``."""
+    return _slot_tags()[slot]
+
+
+def event_ids(slot: int, generation: int) -> str:
+    """The event ids applied in one slot group during one dedupe generation (a set)."""
+    return f"{PREFIX}:{slot_tag(slot)}:ids:{generation}"
+
+
+def event_ids_pattern() -> str:
+    """SCAN MATCH pattern of every slot group's event-id sets."""
+    return f"{PREFIX}:{{s:*}}:ids:*"
 
 
 def item_keys_pattern(what: str) -> str:
@@ -440,68 +445,3 @@ def group_members(group: str) -> str:
     """The self-reported members of one consumer group and their partitions (one key, its own
     tag)."""
     return f"{PREFIX}:{{grp:{group}}}:members"
-
-
-# --- online outcomes and rollouts ---------------------------------------------------------------
-# Per-user and per-request keys take the user id first, so one hash tag per user can be added
-# here without touching their callers.
-
-
-def outcome_open(user_id: str) -> str:
-    """The user's pending served records (hash: request_id -> JSON)."""
-    return f"{PREFIX}:out:open:{user_id}"
-
-
-def outcome_items(user_id: str) -> str:
-    """The user's last-touch index (hash: item id -> request ids of open records ranking it)."""
-    return f"{PREFIX}:out:items:{user_id}"
-
-
-def outcome_clicks(user_id: str) -> str:
-    """The user's clicks not attributed to any open record yet (zset by click ts)."""
-    return f"{PREFIX}:out:clicks:{user_id}"
-
-
-def outcome_seen(user_id: str, request_id: str) -> str:
-    """The marker of a joined served record."""
-    return f"{PREFIX}:out:seen:{user_id}:{request_id}"
-
-
-def outcome_due() -> str:
-    """Open records by close time (member = ``user_id \\x1f request_id``)."""
-    return f"{PREFIX}:out:due"
-
-
-def outcome_due_member(user_id: str, request_id: str) -> str:
-    """The member of one open record in :func:`outcome_due`."""
-    return f"{user_id}{FIELD_SEP}{request_id}"
-
-
-def outcome_stats(bucket_s: int, version: str, bucket_start_s: int) -> str:
-    """One version's online statistics for the requests served in one time bucket."""
-    return f"{PREFIX}:out:stats:{bucket_s}:{version}:{bucket_start_s}"
-
-
-def outcome_versions() -> str:
-    """Versions with online statistics (zset: version -> latest served_at)."""
-    return f"{PREFIX}:out:versions"
-
-
-def rollout_state() -> str:
-    """The staged rollout's state (hash)."""
-    return f"{PREFIX}:rollout:state"
-
-
-def rollout_history() -> str:
-    """The staged rollout's decisions (list of JSON, oldest first)."""
-    return f"{PREFIX}:rollout:history"
-
-
-def rollout_lease() -> str:
-    """The lease of the one rollout driver allowed to act (string: owner id)."""
-    return f"{PREFIX}:rollout:lease"
-
-
-def retrain_cycles() -> str:
-    """The retrain loop's cycles (list of JSON, newest first)."""
-    return f"{PREFIX}:retrain:cycles"

@@ -69,7 +69,7 @@ def classify(
     records: Sequence[Record], *, limits: Limits, now_ms: int, max_skew_s: int
 ) -> Classified:
     """Decode and validate a batch; duplicates of one (user_id, event_id) within the batch are
-    applied once. Keyed like the store's seen-markers (per user), so what is applied does not
+    applied once. Keyed like the store's dedupe (per user), so what is applied does not
     depend on how records fell into batches (keyed by event_id alone, two users' clicks that
     share an event_id would both be applied in two batches but one lost in one)."""
     out = Classified()

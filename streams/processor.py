@@ -162,6 +162,7 @@ class FeatureProcessor:
             sequence_ttl_s=settings.features.sequence_ttl_s,
             dedupe_ttl_s=settings.features.dedupe_ttl_s,
             slot_of=self._slot_of,
+            contract=settings.features.write_contract,
         )
         return classified, batch
 

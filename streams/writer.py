@@ -1,5 +1,10 @@
 """Applying one batch of clicks to Redis in one round trip: Lua script calls, one per hash slot.
 
+Two write contracts share this shell (setting ``write_contract``): ``id_sets``, the default
+(:mod:`streams.id_sets`: an event-id set per slot group, sums made in the worker), and
+``markers``, the previous one, described here and kept for comparison (``streamrank bench
+streams --ab-script``). :func:`assemble` builds either; :class:`BatchWriter` runs either.
+
 Why a script rather than a pipeline: the counters are increments, which are not idempotent, so
 an event's increments must be applied if and only if its dedupe marker was set by this very
 call. The script does, per event, ``SET marker 1 NX`` and only for first-seen events adds the
@@ -24,7 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -32,6 +37,7 @@ from schemas import ClickEvent
 from streamrank import keys
 from streamrank.redis.errors import redis_call
 from streamrank.redis.pipeline import ReplicaWait, ScriptCall, run_scripts
+from streams.id_sets import APPLY_SETS_LUA, assemble_sets
 from streams.windows import Window, bucket_expire_at_ms, bucket_start
 
 logger = logging.getLogger(__name__)
@@ -98,6 +104,7 @@ return applied
 """.replace("USER_ENTRY", str(USER_ENTRY)).replace("ITEM_ENTRY", str(ITEM_ENTRY))
 
 SlotOf = Callable[[str], int]  # hash tag -> the group (slot) its keys belong to
+WriteContract = Literal["id_sets", "markers"]
 
 
 @dataclass(slots=True)
@@ -146,11 +153,13 @@ class _Group:
 
 @dataclass(frozen=True, slots=True)
 class BatchCalls:
-    """The script calls of one batch (one per slot group) and what the batch skipped."""
+    """The script calls of one batch (one per slot group), what the batch skipped, and the
+    contract (script) the calls are for."""
 
     calls: list[ScriptCall]
     events: int
     too_old_for_counters: int
+    contract: WriteContract = "id_sets"
 
 
 def assemble(
@@ -163,8 +172,11 @@ def assemble(
     sequence_ttl_s: int,
     dedupe_ttl_s: int,
     slot_of: SlotOf | None = None,
+    contract: WriteContract = "id_sets",
 ) -> BatchCalls:
-    """The script calls for ``events`` (already validated and unique by (user_id, event_id)).
+    """The script calls for ``events`` (already validated and unique by (user_id, event_id))
+    under ``contract``; what follows describes ``markers`` (``id_sets``:
+    :func:`streams.id_sets.assemble_sets`).
 
     ``slot_of`` maps a hash tag to its group (on a cluster, ``redis.crc.key_slot``); None puts
     everything in one call (a single server). Each event adds a user-side entry to its user's
@@ -185,6 +197,18 @@ def assemble(
     last live item bucket expires (a replay after that counts nothing anyway) or the dedupe
     window ends, whichever is first.
     """
+    if contract == "id_sets":
+        calls, too_old = assemble_sets(
+            events,
+            now_ms=now_ms,
+            windows=windows,
+            lateness_s=lateness_s,
+            sequence_length=sequence_length,
+            sequence_ttl_s=sequence_ttl_s,
+            dedupe_ttl_s=dedupe_ttl_s,
+            slot_of=slot_of,
+        )
+        return BatchCalls(calls, len(events), too_old, "id_sets")
     head = [sequence_length, str(sequence_ttl_s * 1000), str(dedupe_ttl_s * 1000)]
     assembly = _Assembly(
         now_ms=now_ms,
@@ -196,7 +220,7 @@ def assemble(
     for event in events:
         assembly.add(event)
     return BatchCalls(
-        [g.call(head) for g in assembly.groups.values()], len(events), assembly.too_old
+        [g.call(head) for g in assembly.groups.values()], len(events), assembly.too_old, "markers"
     )
 
 
@@ -312,12 +336,16 @@ class _Assembly:
 
 
 class BatchWriter:
-    """Runs a batch's script calls; ``await writer.apply(batch)`` returns how many events were
-    new. ``wait_replicas``: see :class:`streamrank.redis.pipeline.ReplicaWait`."""
+    """Runs a batch's script calls (the script of the batch's contract); ``await
+    writer.apply(batch)`` returns how many events were new. ``wait_replicas``: see
+    :class:`streamrank.redis.pipeline.ReplicaWait`."""
 
     def __init__(self, *, redis: Any, wait_replicas: int = 0, wait_timeout_ms: int = 1000) -> None:
         self._redis = redis
-        self._script: Any = redis.register_script(APPLY_BATCH_LUA)
+        self._scripts: dict[str, Any] = {
+            "markers": redis.register_script(APPLY_BATCH_LUA),
+            "id_sets": redis.register_script(APPLY_SETS_LUA),
+        }
         self._wait = ReplicaWait(wait_replicas, wait_timeout_ms) if wait_replicas else None
 
     async def apply(self, batch: BatchCalls) -> int:
@@ -328,5 +356,6 @@ class BatchWriter:
             "the feature batch",
             "the batch will be retried; check that Redis is up and STREAMRANK_REDIS_URL is right",
         ):
-            replies = await run_scripts(self._redis, self._script, batch.calls, wait=self._wait)
+            script = self._scripts[batch.contract]
+            replies = await run_scripts(self._redis, script, batch.calls, wait=self._wait)
         return sum(int(r) for r in replies)

@@ -67,6 +67,13 @@ class FeatureSettings(Section):
     commit_interval_s: float = Field(
         0.5, gt=0, description="How often the features worker commits acked offsets."
     )
+    write_contract: Literal["id_sets", "markers"] = Field(
+        "id_sets",
+        description="How the features worker's batch script makes replays and duplicate "
+        "event ids harmless: 'id_sets' (one event-id set per slot group and dedupe generation, "
+        "counter increments summed per batch in the worker) or 'markers' (the previous "
+        "contract: a SET NX marker per event and side, summed in Lua); docs/streams.md.",
+    )
     item_cache_s: float = Field(
         1.0,
         ge=0,

@@ -35,15 +35,12 @@ from tqdm import tqdm
 
 from schemas import Limits, decode_click
 from streamrank import clock, keys
-from streamrank.redis.client import redis_client, unlink_matching, used_memory
+from streamrank.redis.client import redis_client, used_memory
 from streamrank.settings import Settings
 from workbench.bench import compare
-from workbench.bench.cpu import (
-    host_busy_seconds,
-    process_cpu_seconds,
-    redis_usage,
-    redis_usage_per_event,
-)
+from workbench.bench.cpu import redis_usage, redis_usage_per_event
+from workbench.bench.peers.run import peer_drain, require
+from workbench.bench.streams_drain import cleanup, measure_drain, script_ab
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +58,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--path", choices=("batch", "agent"), default=None, help="features_path")
     parser.add_argument("--batch-size", type=int, default=None, help="features_batch_size")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--ab-script",
+        action="store_true",
+        help="also drain the backlog with the previous write contract (markers) and the current "
+        "one (id_sets), back to back: script_ab",
+    )
+    parser.add_argument(
+        "--peer",
+        choices=("quix",),
+        default=None,
+        help="also drain the backlog with a Quix Streams application doing the same Redis work "
+        "(needs pip install 'quixstreams==3.*'): peer",
+    )
     compare.add_arguments(parser)
 
 
@@ -158,57 +168,6 @@ def _samples(port: int) -> dict[str, float]:
                 key = sample.name + (f"{{le={sample.labels['le']}}}" if sample.labels else "")
                 out[key] = float(sample.value)
     return out
-
-
-def _applied(port: int) -> float:
-    """Events the worker has processed: applied, plus any that a retried batch (after a
-    timed-out reply) found already applied."""
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in (
-                "streamrank_features_events_applied_total",
-                "streamrank_features_events_duplicate_total",
-            ):
-                total += float(sample.value)
-    return total
-
-
-async def measure_drain(pid: int, port: int, expected: int) -> dict[str, float]:
-    """Poll the worker's applied counter until ``expected``; rate from first to last change."""
-    first_t = first_n = None
-    cpu0 = host0 = None
-    last_n, last_t = 0.0, time.perf_counter()
-    deadline = time.monotonic() + 900
-    bar = tqdm(total=expected, desc="worker", unit="ev", mininterval=1.0)
-    while time.monotonic() < deadline:
-        n = await asyncio.to_thread(_applied, port)
-        now = time.perf_counter()
-        if n > 0 and first_t is None:
-            first_t, first_n = now, n
-            cpu0, host0 = process_cpu_seconds(pid), host_busy_seconds()
-        bar.update(int(n - last_n))
-        last_n, last_t = n, now
-        if n >= expected:
-            break
-        await asyncio.sleep(0.1)
-    bar.close()
-    if first_t is None or last_n < expected:
-        raise RuntimeError(f"worker applied {last_n} of {expected} events")
-    cpu = process_cpu_seconds(pid) - (cpu0 or 0.0)
-    host = host_busy_seconds() - (host0 or 0.0)
-    applied = last_n - (first_n or 0.0)
-    elapsed = max(last_t - first_t, 1e-9)
-    return {
-        "events_per_s": applied / elapsed,
-        "worker_cpu_us_per_event": cpu / max(applied, 1) * 1e6,
-        "host_busy_cores": host / elapsed,
-    }
 
 
 class ProbeWatch:
@@ -323,25 +282,6 @@ async def measure_latency(
     }
 
 
-async def _cleanup(settings: Settings, run: str) -> int:
-    """Delete the run's keys (every master of a cluster is scanned) and its item counts."""
-    client = redis_client(settings.redis, timeout_s=10)
-    deleted = 0
-    try:
-        for pattern in (
-            keys.user_keys_pattern(f"{run}-*"),
-            keys.item_keys_pattern(f"seen:{run}-"),
-        ):
-            deleted += await unlink_matching(client, pattern, batch=5000)
-        async for key in client.scan_iter(match=keys.item_keys_pattern("cnt")):
-            fields = [f async for f, _ in client.hscan_iter(key, match=f"{run}-*")]
-            if fields:
-                await client.hdel(key, *fields)
-    finally:
-        await client.aclose()
-    return deleted
-
-
 def bench_settings(settings: Settings, run: str, args: argparse.Namespace) -> Settings:
     """The run's own topics and features group, a free /metrics port, and the options."""
     from workbench.devstack.services import free_port
@@ -363,6 +303,8 @@ async def _bench(settings: Settings, args: argparse.Namespace, work_dir: Path) -
     from streamrank.kafka.topics import create_topics
     from workbench.devstack.processes import start_worker
 
+    if args.peer:
+        require(args.peer)  # before anything is produced
     run = f"bench-{uuid.uuid4().hex[:8]}"
     settings = bench_settings(settings, run, args)
     await create_topics(settings, topics=(settings.topics.clicks, settings.topics.dead_letters))
@@ -375,10 +317,22 @@ async def _bench(settings: Settings, args: argparse.Namespace, work_dir: Path) -
         seed=args.seed,
         start_ms=clock.now_ms() - args.events,
     )
+    produce_s = await produce_all(settings, settings.topics.clicks, messages)
+    cpu0 = time.process_time()
+    raw = await raw_consume(settings, settings.topics.clicks, args.events)
+    raw_cpu_us = (time.process_time() - cpu0) / args.events * 1e6
+    extra: dict[str, Any] = {}
+    if args.ab_script:
+        extra["script_ab"] = await script_ab(
+            settings, run, expected=args.events, work_dir=work_dir, raw_cpu_us=raw_cpu_us
+        )
+    if args.peer:
+        extra["peer"] = await peer_drain(
+            settings, run, args.peer, expected=args.events, work_dir=work_dir, raw_cpu_us=raw_cpu_us
+        )
+        await cleanup(settings, run)
     memory_client = redis_client(settings.redis, timeout_s=10)
     memory_before = await used_memory(memory_client)
-    produce_s = await produce_all(settings, settings.topics.clicks, messages)
-    raw = await raw_consume(settings, settings.topics.clicks, args.events)
     redis_before = await redis_usage(memory_client)
     worker = start_worker(
         "features", settings, log_path=work_dir / f"{run}-worker.log", metrics_port=None
@@ -396,7 +350,7 @@ async def _bench(settings: Settings, args: argparse.Namespace, work_dir: Path) -
         latency = await latency_and_batches(settings, run, args)
     finally:
         worker.stop()
-    deleted = await _cleanup(settings, run)
+    deleted = await cleanup(settings, run)
     return {
         "events": args.events,
         "users": args.users,
@@ -407,6 +361,7 @@ async def _bench(settings: Settings, args: argparse.Namespace, work_dir: Path) -
         "batch_size": settings.features.batch_size,
         "produce_per_s": round(args.events / produce_s, 1),
         "raw_consume_per_s": round(raw, 1),
+        "raw_consume_cpu_us_per_event": round(raw_cpu_us, 1),
         "events_per_s": round(drain["events_per_s"], 1),
         "events_per_s_vs_raw": round(drain["events_per_s"] / raw, 3),
         "worker_cpu_us_per_event": round(drain["worker_cpu_us_per_event"], 1),
@@ -419,6 +374,8 @@ async def _bench(settings: Settings, args: argparse.Namespace, work_dir: Path) -
         "goal_latency_p99_50ms": latency["latency_p99_ms"] <= 50,
         "redis_keys_cleaned": deleted,
         "cpu_count": os.cpu_count(),
+        "write_contract": settings.features.write_contract,
+        **extra,
     }
 
 

@@ -59,10 +59,12 @@ async def test_sequence_order_out_of_order_arrivals_and_redelivery(
     assert hour["users"][user]["clicks_1h"] == 4
 
 
-async def test_cap_drops_oldest_and_ttls_are_set(make_settings, redis, unique) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("contract", ["id_sets", "markers"])
+async def test_cap_drops_oldest_and_ttls_are_set(make_settings, redis, unique, contract) -> None:  # type: ignore[no-untyped-def]
     settings = make_settings(
-        STREAMRANK_SEQUENCE_LENGTH=5, STREAMRANK_SEQUENCE_TTL_S=1000, STREAMRANK_DEDUPE_TTL_S=500
-    )
+        STREAMRANK_SEQUENCE_LENGTH=5, STREAMRANK_SEQUENCE_TTL_S=1000, STREAMRANK_DEDUPE_TTL_S=500,
+        STREAMRANK_FEATURES_WRITE_CONTRACT=contract,
+    )  # fmt: skip
     write = writer_for(settings, redis)
     reader = FeatureReader(redis=redis, features=settings.features)
     user = f"u-{unique}"
@@ -76,10 +78,19 @@ async def test_cap_drops_oldest_and_ttls_are_set(make_settings, redis, unique) -
     seq = (await reader.get_sequences([user]))[user]
     assert [e.item_id for e in seq] == ["i7", "i8", "i9", "i10", "i11"]
     assert 990_000 <= await redis.pttl(keys.sequence(user)) <= 1_000_000
-    assert 490_000 <= await redis.pttl(keys.seen(user, f"{unique}-0003")) <= 500_000
-    # the item side's marker lives as long as the dedupe window (shorter than the buckets here)
-    marker = keys.item_seen(keys.item_shard("i3"), f"{unique}-0003")
-    assert 490_000 <= await redis.pttl(marker) <= 500_000
+    if contract == "markers":
+        assert 490_000 <= await redis.pttl(keys.seen(user, f"{unique}-0003")) <= 500_000
+        # the item side's marker lives as long as the dedupe window (shorter than the buckets)
+        marker = keys.item_seen(keys.item_shard("i3"), f"{unique}-0003")
+        assert 490_000 <= await redis.pttl(marker) <= 500_000
+    else:  # the id, in its slot group's set of this generation: gone after the next one
+        grouping = slot_grouping(redis)
+        generation = now // 500_000
+        ids = keys.event_ids(grouping(keys.user_tag(user)) if grouping else 0, generation)
+        assert await redis.sismember(ids, f"{user}\x1f{unique}-0003")
+        assert not await redis.exists(keys.seen(user, f"{unique}-0003"))
+        expire_at = (generation + 2) * 500_000
+        assert abs(int(time.time() * 1000) + await redis.pttl(ids) - expire_at) < 2000
     fine, _coarse = windows_from_settings(settings.features)
     # The bucket of the newest event (not of `now`: a bucket boundary may fall in between).
     bucket = events[-1].ts // 1000 // fine.resolution_s * fine.resolution_s

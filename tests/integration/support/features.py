@@ -155,6 +155,7 @@ def batch_for(
         sequence_ttl_s=settings.features.sequence_ttl_s,
         dedupe_ttl_s=settings.features.dedupe_ttl_s,
         slot_of=slot_of,
+        contract=settings.features.write_contract,
     )
 
 

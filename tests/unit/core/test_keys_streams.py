@@ -85,3 +85,17 @@ def test_group_registry_key_is_byte_exact_and_has_its_own_tag() -> None:
     assert keys.group_members("streamrank-scoring") == "sr:{grp:streamrank-scoring}:members"
     # the tag is the group: one registry key per group, spread over slots like any other
     assert slot(keys.group_members("g1")) == slot("{grp:g1}")
+
+
+def test_event_id_sets_are_byte_exact_and_in_the_slot_they_name() -> None:
+    assert keys.slot_tag(0) == "{s:5630}"  # the smallest n whose "s:<n>" lands in slot 0
+    assert keys.event_ids(0, 3_750_000) == "sr:{s:5630}:ids:3750000"
+    assert keys.event_ids_pattern() == "sr:{s:*}:ids:*"
+    assert all(slot(keys.event_ids(s, 1)) == s for s in range(keys.CLUSTER_SLOTS))
+    assert len({keys.slot_tag(s) for s in range(keys.CLUSTER_SLOTS)}) == keys.CLUSTER_SLOTS
+
+
+@given(ids)
+def test_a_users_slot_group_keys_share_the_users_slot(user: str) -> None:
+    home = slot(keys.sequence(user))
+    assert slot(keys.event_ids(slot(keys.user_tag(user)), 7)) == home

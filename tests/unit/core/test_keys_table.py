@@ -1,4 +1,5 @@
-"""The docstring table of :mod:`streamrank.keys` lists every key builder, and nothing else.
+"""The docstring table of :mod:`streamrank.keys` (and of :mod:`streamrank.outcome_keys`, whose
+builders it re-exports) lists every key builder of its module, and nothing else.
 
 What counts as a key builder: a public function defined in ``streamrank.keys``, annotated to
 return ``str``, that called with sample arguments returns a full key, i.e. a string that starts
@@ -18,7 +19,11 @@ import re
 import typing
 from collections.abc import Callable
 
-from streamrank import keys
+import pytest
+
+from streamrank import keys, outcome_keys
+
+MODULES = [keys, outcome_keys]
 
 BUILDER_COLUMN = re.compile(r"^(=+)\s+(=+)\s+(=+)$")
 GLOB = re.compile(r"[*?\[]")
@@ -32,11 +37,11 @@ def _sample_args(func: Callable[..., object]) -> list[object]:
     return args
 
 
-def _key_builders() -> dict[str, str]:
-    """Name -> the key each key builder returns for sample arguments."""
+def _key_builders(module: object = keys) -> dict[str, str]:
+    """Name -> the key each key builder of ``module`` returns for sample arguments."""
     found = {}
-    for name, func in inspect.getmembers(keys, inspect.isfunction):
-        if name.startswith("_") or func.__module__ != keys.__name__:
+    for name, func in inspect.getmembers(module, inspect.isfunction):
+        if name.startswith("_") or func.__module__ != module.__name__:  # type: ignore[attr-defined]
             continue
         if typing.get_type_hints(func).get("return") is not str:
             continue
@@ -46,9 +51,9 @@ def _key_builders() -> dict[str, str]:
     return found
 
 
-def _table_rows() -> dict[str, str]:
+def _table_rows(module: object = keys) -> dict[str, str]:
     """Builder name -> the text of its row in the module docstring's table."""
-    lines = (keys.__doc__ or "").splitlines()
+    lines = (module.__doc__ or "").splitlines()
     rules = [i for i, line in enumerate(lines) if BUILDER_COLUMN.match(line)]
     assert len(rules) == 3, "the keys table needs a top rule, a header rule and a bottom rule"
     width = len(BUILDER_COLUMN.match(lines[rules[0]]).group(1))  # type: ignore[union-attr]
@@ -71,24 +76,28 @@ def _pattern(row: str) -> re.Pattern[str]:
 
 
 def test_the_rule_finds_the_builders_it_should() -> None:
-    builders = _key_builders()
+    builders = _key_builders() | _key_builders(outcome_keys)
     assert {"sequence", "embedding_bucket", "group_members", "rollout_lease"} <= set(builders)
+    assert outcome_keys.PREFIX == keys.PREFIX and outcome_keys.FIELD_SEP == keys.FIELD_SEP
+    assert keys.rollout_lease is outcome_keys.rollout_lease  # re-exported
     assert not {"user_tag", "sequence_member", "outcome_due_member", "user_keys_pattern"} & set(
         builders
     )
 
 
-def test_every_key_builder_has_a_row_and_every_row_a_builder() -> None:
-    builders, rows = _key_builders(), _table_rows()
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+def test_every_key_builder_has_a_row_and_every_row_a_builder(module: object) -> None:
+    builders, rows = _key_builders(module), _table_rows(module)
     missing = sorted(set(builders) - set(rows))
     stale = sorted(set(rows) - set(builders))
     assert not missing, f"key builders missing from the keys.py docstring table: {missing}"
     assert not stale, f"rows of the keys.py docstring table that build no key: {stale}"
 
 
-def test_each_row_names_its_key_lifetime_writer_and_reader() -> None:
-    builders = _key_builders()
-    for name, row in _table_rows().items():
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+def test_each_row_names_its_key_lifetime_writer_and_reader(module: object) -> None:
+    builders = _key_builders(module)
+    for name, row in _table_rows(module).items():
         assert _pattern(row).fullmatch(builders[name]), f"{name}: row key != {builders[name]}"
         assert "Lifetime:" in row, f"{name}: the row says nothing of its lifetime"
         assert re.search(r"\bWriters?\b", row), f"{name}: the row names no writer"

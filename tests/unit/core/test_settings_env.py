@@ -31,6 +31,6 @@ def test_settings_env_round_trips_every_field(monkeypatch: pytest.MonkeyPatch) -
 def test_every_field_has_its_own_variable() -> None:
     fields = list(Settings.env_fields())
     names = [f.env for f in fields]
-    assert len(names) == len(set(names)) == 132
+    assert len(names) == len(set(names)) == 133
     assert all(name.startswith("STREAMRANK_") and name.isupper() for name in names)
     assert {f.section for f in fields} == set(Settings.model_fields)

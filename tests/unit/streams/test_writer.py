@@ -1,5 +1,6 @@
-"""The batch script's arguments (streams.writer.assemble): one call on a single server, one call
-per hash slot on a cluster, every event's user side and item side exactly once."""
+"""The ``markers`` contract's script arguments (streams.writer.assemble): one call on a single
+server, one call per hash slot on a cluster, every event's user side and item side exactly
+once (the ``id_sets`` contract: test_id_sets.py)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def items(payload: dict[str, list[object]]) -> list[list[object]]:
 def build(events: list[ClickEvent], **kw: object) -> object:
     args: dict[str, object] = dict(
         now_ms=NOW, windows=WINDOWS, lateness_s=600, sequence_length=50, sequence_ttl_s=100,
-        dedupe_ttl_s=10,
+        dedupe_ttl_s=10, contract="markers",
     )  # fmt: skip
     args.update(kw)
     return assemble(events, **args)  # type: ignore[arg-type]
