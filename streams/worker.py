@@ -18,6 +18,7 @@ from streamrank.errors import one_line
 from streamrank.kafka import clients as kafka
 from streamrank.runtime import logs
 from streamrank.runtime.health import Health
+from streamrank.runtime.loop_health import GcPauses, freeze_start_up_objects, watch_loop_lag
 from streamrank.runtime.metrics_http import metrics_server, resolve_port
 from streamrank.settings import Settings
 from streams.membership import READY_CHECKS, watch_membership
@@ -40,6 +41,12 @@ def serve(settings: Settings, *, metrics_port: int | None = None) -> int:
     app.on_lag = metrics.set_lag
     app.on_commit = metrics.committed
     watch_membership(app, settings=settings, metrics=metrics, health_=health)
+
+    async def loop_lag() -> None:
+        await watch_loop_lag(metrics.loop_lag.observe)
+
+    app.task(loop_lag)
+    GcPauses(metrics.gc_paused).install()
     logger.info(
         "features worker: group %s, topics %s and %s, path %s, batch %s",
         settings.features.app_id,
@@ -68,7 +75,7 @@ def _tune_interpreter() -> None:
     # Each batch allocates ~10 short-lived objects per event: with the default threshold (700)
     # the cyclic GC runs every few dozen events and rescans the long-lived startup heap
     # (Faust, aiokafka, ...). Freeze that heap and collect gen0 less often.
-    gc.freeze()
+    freeze_start_up_objects()
     gc.set_threshold(100_000, 50, 100)
     # Faust runs the Kafka client in its own thread: every fetch crosses threads twice, and
     # with the default GIL switch interval a fetch reply waits for the main thread's batch work

@@ -107,6 +107,8 @@ async def run_cascade_replay(
         "encoding": enc,
         "dense_weights": dense,
         "cascade": cfg.to_json(),
+        "runtimes_served": sorted(set(replayed.runtimes)),
+        "offline_runtime": "eager",
         **cascade_report(
             cases,
             replayed,

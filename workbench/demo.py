@@ -320,7 +320,7 @@ async def run_demo(
                            metrics_port=ports[kind])
         for kind in WORKERS
     }  # fmt: skip
-    producer: AIOKafkaProducer | None = None
+    producers: list[AIOKafkaProducer] = []
     try:
         await _wait_ready(handles, ports)
         watched = pick_user_and_items(
@@ -341,15 +341,19 @@ async def run_demo(
             f"in another shell: streamrank tail {settings.topics.results} --follow | streamrank "
             "lag --watch | streamrank top | streamrank dlq"
         )
-        producer = kafka.producer(settings.kafka, acks="all", linger_ms=5)
-        await producer.start()
+        # Clicks are batched (linger); requests go out at once, as a latency-sensitive client
+        # sends them (what RankClient does): their queue wait is the broker's, not ours.
+        producers = [kafka.producer(settings.kafka, acks="all", linger_ms=5),
+                     kafka.producer(settings.kafka, acks="all", linger_ms=0)]  # fmt: skip
+        for producer in producers:
+            await producer.start()
         dashboard = Dashboard(ports) if view == "top" else None
         await _produce_and_watch(
-            settings, model, producer, dashboard, watched, rate=rate, request_rate=request_rate,
-            duration_s=duration_s, every_s=every_s,
+            settings, model, producers, dashboard, watched, rate=rate,
+            request_rate=request_rate, duration_s=duration_s, every_s=every_s,
         )  # fmt: skip
     finally:
-        await _stop(producer, handles)
+        await _stop(producers, handles)
 
 
 async def _serve(settings: Settings, model: DemoModel) -> None:
@@ -401,7 +405,7 @@ async def _wait_ready(handles: dict[str, WorkerProcess], ports: dict[str, int]) 
 async def _produce_and_watch(
     settings: Settings,
     model: DemoModel,
-    producer: AIOKafkaProducer,
+    producers: list[AIOKafkaProducer],
     dashboard: Dashboard | None,
     watched: Watched,
     *,
@@ -411,9 +415,11 @@ async def _produce_and_watch(
     every_s: float,
 ) -> None:
     """Clicks and rank requests at their rates until ``duration_s`` (None: for ever); every
-    ``every_s`` the dashboard, or the watched user's features and a ranking for them."""
+    ``every_s`` the dashboard, or the watched user's features and a ranking for them;
+    ``producers``: the clicks' and the requests'."""
     from scoring.client import RankClient
 
+    click_producer, request_producer = producers
     clicks = dataset_clicks(model.dataset, run=f"demo-{uuid.uuid4().hex[:6]}")
     requests = rank_requests(model.dataset)
     async with RankClient(settings=settings) as client:
@@ -424,12 +430,13 @@ async def _produce_and_watch(
             while duration_s is None or time.monotonic() - started < duration_s:
                 elapsed = time.monotonic() - started
                 due = int(elapsed * rate) - produced
-                produced += await _send_due(producer, settings.topics.clicks, clicks, due)
+                produced += await _send_due(click_producer, settings.topics.clicks, clicks, due)
                 due = int(elapsed * request_rate) - asked
-                asked += await _send_due(producer, settings.topics.requests, requests, due)
+                topic = settings.topics.requests
+                asked += await _send_due(request_producer, topic, requests, due)
                 if time.monotonic() >= next_show:
                     next_show += every_s
-                    await producer.flush()
+                    await click_producer.flush()
                     if dashboard is not None:
                         await dashboard.refresh()
                     else:
@@ -456,9 +463,9 @@ async def _send_due(
     return max(0, due)
 
 
-async def _stop(producer: AIOKafkaProducer | None, handles: dict[str, WorkerProcess]) -> None:
-    if producer is not None:
-        with contextlib.suppress(Exception):
+async def _stop(producers: list[AIOKafkaProducer], handles: dict[str, WorkerProcess]) -> None:
+    for producer in producers:
+        with contextlib.suppress(Exception):  # stopping: a failed flush loses demo clicks only
             await producer.stop()
     codes = await asyncio.gather(*(asyncio.to_thread(h.stop) for h in reversed(handles.values())))
     say(

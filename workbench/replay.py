@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import sys
 import time
 import uuid
@@ -32,6 +33,7 @@ import numpy.typing as npt
 from tqdm import tqdm
 
 from scoring.model.din import features_of
+from scoring.serving.wiring import RUNTIME_LOG
 from scoring.training.export import EVENTS_FILE
 from streamrank.redis.client import redis_client
 from streamrank.settings import Settings
@@ -147,6 +149,13 @@ class Replayed:
     events: int
     results: list[Any]
     latencies: list[float]
+    runtimes: tuple[str, ...] = ()  # the forward runtimes the scoring worker logged
+
+
+def served_runtimes(log_text: str) -> tuple[str, ...]:
+    """The runtimes a scoring worker's log says its versions' forwards ran on, in load order."""
+    pattern = re.escape(RUNTIME_LOG).replace("%s", r"(\S+)")
+    return tuple(m.group(2) for m in re.finditer(pattern, log_text))
 
 
 @dataclass(frozen=True)
@@ -296,7 +305,7 @@ async def through_workers(
             timeout_s=request_timeout_s, progress=progress, top_k=top_k,
         )  # fmt: skip
         seconds["rank"] = time.perf_counter() - mark
-        return Replayed(len(events), results, latencies)
+        return Replayed(len(events), results, latencies, served_runtimes(scoring.log_text()))
     finally:
         codes = await asyncio.gather(
             asyncio.to_thread(scoring.stop), asyncio.to_thread(features.stop)
@@ -323,6 +332,8 @@ def replay_report(
         "answered": len(answered),
         "degraded": sum(1 for i in answered if results[i].degraded),
         "versions_served": sorted({results[i].model_version for i in answered}),
+        "runtimes_served": sorted(set(replayed.runtimes)),
+        "offline_runtime": "eager",  # the artifact's torch scorer, op by op
         **(differences(expected, online) if answered else {}),
         "tolerance": tolerance,
         "offline": quality(labels, expected) if answered else None,

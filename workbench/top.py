@@ -22,6 +22,11 @@ from streamrank.runtime.metrics_http import DEFAULT_PORTS
 
 Labels = tuple[tuple[str, str], ...]
 STAGES = ("queue_wait", "sequence_fetch", "embedding_lookup", "forward")
+QUEUE_WAIT_NOTE = (
+    "queue_wait: the request's record timestamp (set by the producing client) to the worker "
+    "taking it: the client's linger and acks, the broker, the fetch, and waiting behind "
+    "earlier batches"
+)
 BREAKER = {0: "closed", 1: "half-open", 2: "open"}
 
 
@@ -311,7 +316,12 @@ def render(f: dict[str, Any], *, title: str = "streamrank top") -> Any:
         _fmt(sc["p99_ms"], " ms"),
         f"dead letters {_fmt(sc['dead_letters_per_s'])}/s, breaker {sc['breaker'] or '-'}",
     )
-    stages = Table(title="scoring: mean time per stage (ms)", title_justify="left")
+    stages = Table(
+        title="scoring: mean time per stage (ms)",
+        title_justify="left",
+        caption=QUEUE_WAIT_NOTE,
+        caption_justify="left",
+    )
     for stage in STAGES:
         stages.add_column(stage, justify="right")
     stages.add_column("cache hit", justify="right")

@@ -93,7 +93,9 @@ class CompiledForward:
         self.pair = pair
         # Two graphs per architecture (one request, a batch); a process may load many.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        self._compiled: Any = torch.compile(pair, fullgraph=True)
+        # Not fullgraph=True: with it, a gc.callbacks hook that runs during a call (the worker's
+        # GC-pause metric) fails the call; warm_up raises on any graph break instead.
+        self._compiled: Any = torch.compile(pair, fullgraph=False)
 
     def __call__(
         self, hist: Tensor, hist_mask: Tensor, cands: Tensor, codes: Tensor | None,
@@ -121,7 +123,7 @@ class CompiledForward:
                     if tensor is not None:
                         torch._dynamo.mark_dynamic(tensor, dim)
             try:
-                with torch.inference_mode():
+                with torch.inference_mode(), torch._dynamo.error_on_graph_break(True):
                     got = self(*probe)
             except Exception as exc:  # inductor raises many types (compiler missing, codegen)
                 raise RuntimeUnavailable(

@@ -25,6 +25,8 @@ from streamrank.runtime.memory import retain_freed_memory
 from streamrank.settings import ScoringSettings, Settings
 
 logger = logging.getLogger(__name__)
+# Logged once per loaded version; `streamrank replay` reads it to report what served.
+RUNTIME_LOG = "version %s serves its forward on the %s runtime"
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +85,7 @@ def real_dependencies(
         check_servable(scorer.features, settings.features)  # refused: serving stays as it is
         metrics.model_encoding(version, str(config.get("encoding", "unknown")))
         metrics.model_runtime(version, scorer.runtime)
+        logger.info(RUNTIME_LOG, version, scorer.runtime)
         return scorer
 
     return features, embeddings, loader

@@ -1,8 +1,8 @@
 """The consumer-group metrics every worker kind exports, under its own prefix.
 
 ``{prefix}_consumer_lag{topic,partition}``, ``{prefix}_commits{result}``,
-``{prefix}_rebalances``, ``{prefix}_last_rebalance_seconds``, ``{prefix}_assigned_partitions``
-and, for a worker that reports its dependencies, ``{prefix}_dependency_up{dependency}``. Each
+``{prefix}_rebalances``, ``{prefix}_last_rebalance_seconds``, ``{prefix}_assigned_partitions``,
+``{prefix}_event_loop_lag_seconds``, ``{prefix}_gc_pause_seconds{generation}`` and, for a worker that reports its dependencies, ``{prefix}_dependency_up{dependency}``. Each
 worker's metrics class extends :class:`GroupMetrics` with its own families in the same registry.
 """
 
@@ -15,11 +15,12 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 logger = logging.getLogger(__name__)
 
 LagHandler = Callable[[str, int, int], None]  # (topic, partition, records behind)
+LOOP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0, float("inf"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +84,24 @@ class GroupMetrics:
             )
             for dependency in dependencies:
                 self.dependency_up.labels(dependency).set(1)
+        self.loop_lag = Histogram(
+            f"{p}_event_loop_lag_seconds",
+            "How much later than due the event loop's timers fired (sampled every 50 ms): time "
+            "it spent running something without yielding.",
+            buckets=LOOP_BUCKETS,
+            registry=r,
+        )
+        self.gc_pause = Histogram(
+            f"{p}_gc_pause_seconds",
+            "Garbage-collector pauses of the worker process, by generation.",
+            ["generation"],
+            buckets=LOOP_BUCKETS,
+            registry=r,
+        )
         self._lag_partitions: set[tuple[str, str]] = set()
+
+    def gc_paused(self, generation: int, seconds: float) -> None:
+        self.gc_pause.labels(str(generation)).observe(seconds)
 
     def set_lag(self, topic: str, partition: int, lag: int) -> None:
         self._lag_partitions.add((topic, str(partition)))

@@ -26,6 +26,7 @@ from streamrank.kafka import clients as kafka
 from streamrank.runtime import groups
 from streamrank.runtime.group_metrics import GroupMetrics, commit_offsets, report_lag
 from streamrank.runtime.health import Check, Health
+from streamrank.runtime.loop_health import GcPauses, freeze_start_up_objects, watch_loop_lag
 from streamrank.runtime.membership import Membership
 from streamrank.runtime.metrics_http import metrics_server, resolve_port
 from streamrank.runtime.rebalance import RebalanceListener
@@ -71,6 +72,7 @@ class GroupWorker(abc.ABC):
         self._redis: Any = None
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
+        self._gc_pauses = GcPauses(metrics.gc_paused)
 
     # --- what a worker kind adds -----------------------------------------------------------
 
@@ -195,13 +197,15 @@ class GroupWorker(abc.ABC):
             await self.stop()
             raise
         self._consumer = consumer
-        self._tasks = [
-            asyncio.create_task(coro, name=name) for name, coro in self.background().items()
-        ]
+        tasks = {**self.background(), "loop-lag": watch_loop_lag(self.metrics.loop_lag.observe)}
+        self._tasks = [asyncio.create_task(coro, name=name) for name, coro in tasks.items()]
+        freeze_start_up_objects()  # the model, modules and clients: never garbage
+        self._gc_pauses.install()
         self.announce()
 
     async def stop(self) -> None:
         self._stopping.set()
+        self._gc_pauses.remove()
         await self.close()
         # A cancellation that lands inside a Redis call can be lost (streamrank.runtime.tasks):
         # cancelled again until they end, and not waited for forever.

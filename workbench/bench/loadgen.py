@@ -78,6 +78,7 @@ class RunStats:
     # request_id -> timings_ms total - queue_wait: the worker's time from its batch's start
     worker_ms: dict[str, float] = field(default_factory=dict)
     cached_ids: set[str] = field(default_factory=set)  # replies from the result cache
+    timings: dict[str, dict[str, float]] = field(default_factory=dict)  # request_id -> timings_ms
 
     def answered(self) -> list[str]:
         """Request ids of this phase that got a reply (late replies of earlier phases excluded)."""
@@ -101,6 +102,27 @@ class RunStats:
         if self.cached:
             out["cached"] = self.cached
         return out
+
+    def tail_trace(self, *, slowest: float = 0.01) -> dict[str, Any]:
+        """Where the slowest ``slowest`` of the requests spent their round trip, beside every
+        request's means: each worker stage and ``reply_path`` (round trip less the worker's
+        total: the reply's produce, the broker and this reader's fetch)."""
+        ids = [r for r in self.answered() if "total" in self.timings.get(r, {})]
+        if not ids:
+            return {}
+        lat = np.array([(self.got[r] - self.sent[r]) * 1000 for r in ids])
+        order = np.argsort(lat)[::-1]
+        slow = [ids[i] for i in order[: max(1, round(len(ids) * slowest))]]
+        return {"slowest_requests": len(slow), "slowest": self._mean_trace(slow),
+                "all": self._mean_trace(ids)}  # fmt: skip
+
+    def _mean_trace(self, ids: list[str]) -> dict[str, float]:
+        rows = [{**self.timings[r], "round_trip": (self.got[r] - self.sent[r]) * 1000} for r in ids]
+        for row in rows:
+            row["reply_path"] = row["round_trip"] - row["total"]
+        stages = sorted({stage for row in rows for stage in row})
+        return {f"{s}_ms": round(float(np.mean([row[s] for row in rows if s in row])), 2)
+                for s in stages}  # fmt: skip
 
     def stage_percentiles(self) -> dict[str, dict[str, float]]:
         """p50/p99 of each worker-side stage timing (``timings_ms``) over the replies."""
@@ -173,6 +195,7 @@ class Driver:
                     stats.got[rid] = now
                     if rid in stats.sent:
                         timings = reply.get("timings_ms") or {}
+                        stats.timings[rid] = timings
                         for stage, ms in timings.items():
                             stats.stages.setdefault(stage, []).append(float(ms))
                         if "total" in timings and "queue_wait" in timings:

@@ -51,6 +51,7 @@ from workbench.bench import compare
 from workbench.bench.loadgen import make_requests, zipf_ids
 from workbench.bench.scoring_features import requests_needed as features_requests
 from workbench.bench.scoring_phases import (
+    HALF_MAX_CAP,
     Request,
     forward_only,
     measure,
@@ -69,6 +70,9 @@ GOAL_SHARE_OF_FORWARD = 0.65
 GOAL_P99_MS_AT_200 = 25.0
 GOAL_OVERHEAD_P99_MS = 10.0
 GOAL_SPEEDUP = 3.0
+GOAL_VS_FLOOR_P99_MS = 15.0  # ours minus the true floor, at half of max_rps
+GOAL_VS_PREVIOUS = 1.6  # max_rps against the scorer before the inference runtimes
+GOAL_SHARE_OF_FORWARD_RUNTIME = 0.6
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,6 +104,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--quick",
         action="store_true",
         help="a smoke run: 20k items, 1k users, short phases",
+    )
+    parser.add_argument(
+        "--runtime-ab",
+        action="store_true",
+        help="also saturate the scorer before the inference runtimes (eager, glibc's allocator "
+        "thresholds) and the current one again, same mode, same run: runtime_ab",
     )
     parser.add_argument(
         "--features",
@@ -226,12 +236,14 @@ def run_settings(base: Settings, tag: str, history: int) -> Settings:
 
 
 def requests_needed(args: argparse.Namespace, modes: list[str], rates: list[float]) -> int:
-    """Every mode's warm-up and saturation, the echo's (warm-up, saturation, the rates), the
-    naive's, and the extra warm-up of several workers."""
-    n_rate = sum(int(r * args.rate_seconds) for r in rates)
-    settle = 200 * len(modes) if args.workers > 1 else 0
-    return (200 * (len(modes) + 1) + settle + args.saturation_requests * (len(modes) + 1)
-            + 2 * n_rate + args.naive_requests + 50)  # fmt: skip
+    """Every mode's warm-up and saturation, the echo's and the floor's (warm-up, saturation,
+    the rates), the rates at half of max_rps (at most HALF_MAX_CAP), the naive's, the runtime
+    A/B's two saturations, and the extra warm-up of several workers."""
+    n_rate = sum(int(r * args.rate_seconds) for r in rates) + int(HALF_MAX_CAP * args.rate_seconds)
+    runs = len(modes) + 2 + (2 if args.runtime_ab else 0)  # saturated runs of a worker
+    settle = 200 * runs if args.workers > 1 else 0
+    return (200 * runs + settle + args.saturation_requests * runs
+            + 3 * n_rate + args.naive_requests + 50)  # fmt: skip
 
 
 def make_traffic(
@@ -295,6 +307,7 @@ async def remove_inputs(
 
 async def _run(args: argparse.Namespace, base: Settings, stack_kind: str) -> dict[str, Any]:
     from scoring.embeddings.store import EmbeddingStore
+    from scoring.model.registry import load_scorer_from_redis
 
     tag = uuid.uuid4().hex[:8]
     version = f"bench-din-{tag}"
@@ -319,7 +332,11 @@ async def _run(args: argparse.Namespace, base: Settings, stack_kind: str) -> dic
             result = await measure(args, settings, naive_settings, version, requests, modes,
                                    rates)  # fmt: skip
             configure_torch(settings.scoring)  # the same thread settings as the worker
-            fwd = forward_only(stored.scorer, stored.table, requests[:512], histories,
+            served, _config = await load_scorer_from_redis(  # as the worker loads it
+                redis, version, runtime=settings.scoring.runtime,
+                threads=settings.scoring.torch_threads,
+            )  # fmt: skip
+            fwd = forward_only(served, stored.table, requests[:512], histories,
                                batch=settings.scoring.batch_max)  # fmt: skip
             if args.features:
                 result["features_ab"] = await _features_ab(
@@ -328,6 +345,7 @@ async def _run(args: argparse.Namespace, base: Settings, stack_kind: str) -> dic
                 )  # fmt: skip
             result["forward_only_rps"] = max(fwd.values())
             result["forward_only_rps_by_mode"] = fwd
+            result["forward_only_runtime"] = served.runtime
             result["redis_bytes_per_embedding_row"] = round(stored.bytes_per_row, 1)
             result["redis_bytes_per_user_sequence"] = round(stored.bytes_per_user, 1)
         finally:
@@ -374,6 +392,9 @@ def verdict(result: dict[str, Any]) -> dict[str, Any]:
     p99_200 = result.get("latency", {}).get("200", {}).get("p99_ms")
     forward_rps = result.get("forward_only_rps", 0.0)
     overhead_200 = result.get("overhead_p99_ms", {}).get("200")
+    half = result.get("half_max_rps_rate")
+    vs_floor = result.get("overhead_vs_floor_p99_ms", {}).get(f"{half}")
+    vs_previous = result.get("runtime_ab", {}).get("max_rps_vs_previous")
     return {
         "speedup_vs_naive": round(max_rps / naive, 2) if naive else None,
         "max_rps_vs_forward_only": round(max_rps / forward_rps, 3) if forward_rps else None,
@@ -385,6 +406,13 @@ def verdict(result: dict[str, Any]) -> dict[str, Any]:
             "p99 - echo p99 <= 10 ms at 200 req/s": overhead_200 is not None
             and overhead_200 <= GOAL_OVERHEAD_P99_MS,
             "max_rps >= 3x naive": bool(naive) and max_rps >= GOAL_SPEEDUP * naive,
+            "max_rps >= 60% of forward-only": bool(forward_rps)
+            and max_rps >= GOAL_SHARE_OF_FORWARD_RUNTIME * forward_rps,
+            "p99 - floor p99 <= 15 ms at half max_rps": vs_floor is not None
+            and vs_floor <= GOAL_VS_FLOOR_P99_MS,
+            "max_rps >= 1.6x the previous scorer": None
+            if vs_previous is None
+            else vs_previous >= GOAL_VS_PREVIOUS,
         },
     }
 

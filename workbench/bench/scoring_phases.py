@@ -38,6 +38,12 @@ Take = Callable[[int], list[Request]]
 SCORING_CLI = [sys.executable, "-m", "workbench.cli", "worker", "scoring", "--metrics-port", "0"]
 NAIVE_CLI = [sys.executable, "-m", "workbench.bench.naive"]
 ECHO_CLI = [sys.executable, "-m", "workbench.bench.echo"]
+FLOOR_CLI = [sys.executable, "-m", "workbench.bench.floor"]
+HALF_MAX_CAP = 1000  # req/s: the most the "half of max_rps" latency rate may be
+PREVIOUS_SCORER = {  # the scorer before the inference runtimes: eager, glibc's allocator
+    "STREAMRANK_SCORING_RUNTIME": "eager",
+    "STREAMRANK_SCORING_RETAIN_FREED_MB": "0",
+}
 
 
 class RequestFeed:
@@ -135,6 +141,8 @@ async def latency_at(
         stats = await driver.open_loop(take(int(rate * seconds)), rate=rate)
         summary = stats.summary()
         summary["loadgen_cpu_percent"] = loadgen.percent()
+        if trace := stats.tail_trace():
+            summary["tail_trace"] = trace
         out[f"{rate:g}"] = summary
         logger.info("offered %s req/s: %s", rate, summary)
     return out
@@ -158,16 +166,46 @@ async def measure(
     }
     feed = RequestFeed(requests)
     for n, mode in enumerate(modes):
-        # latency with the first mode only
+        # latency with the first mode only, at the offered rates and half its max_rps
         await measure_mode(args, settings, version, mode, feed, out, rates=rates if n == 0 else [])
-        if n == 0:  # the floor right after: the broker and the host as close as they get
-            out["echo"] = await measure_echo(args, settings, version, feed.take, rates)
+        if n == 0:  # the floors right after: the broker and the host as close as they get
+            measured = [float(r) for r in out["latency"]]
+            out["echo"] = await measure_echo(args, settings, version, feed.take, measured)
+            out["floor"] = await measure_echo(
+                args, settings, version, feed.take, measured, phase="floor"
+            )
     best = max(out["max_rps_by_forward"], key=out["max_rps_by_forward"].get)
     out["max_rps"] = out["max_rps_by_forward"][best]
     out["max_rps_forward_mode"] = best
     out["overhead_p99_ms"] = overhead_p99_ms(out["latency"], out["echo"]["latency"])
+    out["overhead_vs_floor_p99_ms"] = overhead_p99_ms(out["latency"], out["floor"]["latency"])
+    if args.runtime_ab:
+        out["runtime_ab"] = await measure_previous_scorer(args, settings, version, best, feed)
     await measure_naive(args, naive_settings, version, feed, out)
     return out
+
+
+async def measure_previous_scorer(
+    args: argparse.Namespace, settings: Settings, version: str, mode: str, feed: RequestFeed
+) -> dict[str, Any]:
+    """The scorer before the inference runtimes (:data:`PREVIOUS_SCORER`) saturated the same
+    way, then the current one again: ``current`` is the mean of its two saturations."""
+    previous: dict[str, Any] = {"max_rps_by_forward": {}, "worker_cpu_ms_per_request": {},
+                                "degraded_replies": 0}  # fmt: skip
+    current: dict[str, Any] = {"max_rps_by_forward": {}, "worker_cpu_ms_per_request": {},
+                               "degraded_replies": 0}  # fmt: skip
+    await measure_mode(args, settings, version, mode, feed, previous, rates=[],
+                       phase="previous", env=PREVIOUS_SCORER)  # fmt: skip
+    await measure_mode(args, settings, version, mode, feed, current, rates=[], phase="current")
+    before, now = previous["max_rps_by_forward"][mode], current["max_rps_by_forward"][mode]
+    return {
+        "mode": mode,
+        "previous": {"max_rps": before, **PREVIOUS_SCORER,
+                     "worker_cpu_ms_per_request": previous["worker_cpu_ms_per_request"][mode]},
+        "current": {"max_rps": now, "runtime": settings.scoring.runtime,
+                    "worker_cpu_ms_per_request": current["worker_cpu_ms_per_request"][mode]},
+        "max_rps_vs_previous": round(now / before, 3) if before else None,
+    }  # fmt: skip
 
 
 def overhead_p99_ms(
@@ -190,14 +228,19 @@ async def measure_mode(
     out: dict[str, Any],
     *,
     rates: list[float],
+    phase: str = "",
+    env: dict[str, str] | None = None,
 ) -> None:
     """One forward mode: ``args.workers`` scoring workers saturated, then driven at ``rates``
-    (none: no latency phase); the figures go into ``out``."""
-    mode_settings = phase_settings(settings, mode)
+    and at half their max_rps (no rates: no latency phase); the figures go into ``out``.
+    ``phase`` names an extra run of a mode (its own topics and group), ``env`` its settings."""
+    name = f"{mode}-{phase}" if phase else mode
+    mode_settings = phase_settings(settings, name)
     await create_topics(mode_settings, topics=phase_topics(mode_settings))
     env = worker_env(mode_settings, STREAMRANK_CANARY_SPLIT=f"{version}:1",
                      STREAMRANK_SCORING_FORWARD=mode,
-                     STREAMRANK_SCORING_GROUP_ID=f"bench-scoring-{version}-{mode}")  # fmt: skip
+                     STREAMRANK_SCORING_GROUP_ID=f"bench-scoring-{version}-{name}",
+                     **(env or {}))  # fmt: skip
     with contextlib.ExitStack() as workers:
         procs = [workers.enter_context(worker_process(SCORING_CLI, env))
                  for _ in range(args.workers)]  # fmt: skip
@@ -211,6 +254,9 @@ async def measure_mode(
                 await driver.open_loop(feed.take(200), rate=200.0, drain_s=30.0)
             await saturate_mode(driver, procs, mode, feed.take(args.saturation_requests), out)
             if rates:
+                half = min(HALF_MAX_CAP, round(out["max_rps_by_forward"][mode] / 2))
+                out["half_max_rps_rate"] = half
+                rates = sorted({*rates, float(half)})
                 out["latency"] = await latency_at(driver, feed.take, rates, args.rate_seconds)
                 out["degraded_replies"] += sum(v["degraded"] for v in out["latency"].values())
 
@@ -242,22 +288,30 @@ async def saturate_mode(
 
 
 async def measure_echo(
-    args: argparse.Namespace, settings: Settings, version: str, take: Take, rates: list[float]
+    args: argparse.Namespace,
+    settings: Settings,
+    version: str,
+    take: Take,
+    rates: list[float],
+    *,
+    phase: str = "echo",
 ) -> dict[str, Any]:
-    """The floor: the echo worker (:mod:`workbench.bench.echo`) on its own request topic,
-    saturated then at the same offered rates."""
-    echo_settings = phase_settings(settings, "echo").with_env(
-        STREAMRANK_SCORING_GROUP_ID=f"bench-echo-{version}"
+    """A floor on its own request topic, saturated then at the same offered rates: ``echo``
+    (:mod:`workbench.bench.echo`, our intake loop) or ``floor`` (:mod:`workbench.bench.floor`,
+    the minimal aiokafka client)."""
+    echo_settings = phase_settings(settings, phase).with_env(
+        STREAMRANK_SCORING_GROUP_ID=f"bench-{phase}-{version}"
     )
     await create_topics(echo_settings, topics=phase_topics(echo_settings))
-    with worker_process(ECHO_CLI, worker_env(echo_settings)) as proc:
+    argv = ECHO_CLI if phase == "echo" else FLOOR_CLI
+    with worker_process(argv, worker_env(echo_settings)) as proc:
         async with phase_driver(echo_settings) as driver:
             await warm_up(driver, take(200))
             cpu0 = process_cpu_seconds(proc.pid)
             loadgen = LoadgenCpu()
             rps, stats = await driver.saturate(take(args.saturation_requests))
             cpu_ms = cpu_ms_per_reply(process_cpu_seconds(proc.pid) - cpu0, stats)
-            logger.info("echo: max_rps %.1f (%s)", rps, stats.summary())
+            logger.info("%s: max_rps %.1f (%s)", phase, rps, stats.summary())
             return {
                 "max_rps": round(rps, 1),
                 "worker_cpu_ms_per_request": round(cpu_ms, 3),

@@ -6,13 +6,14 @@ scoring worker (processes):
 1. the maximum of each path, measured in this run: the scoring worker's reply rate with a
    backlog of requests queued at once, and the features worker's drain rate of a backlog of
    clicks (which also fills every user's sequence);
-2. clicks and requests at ``--fraction`` (0.5) of the machine for ``--minutes``: each path
-   at ``fraction / 2`` of its own maximum (each was measured with the other idle, and the two
-   share the cores), from the load driver (``streamrank bench drive``, a process of its own,
-   recording every reply);
-3. per window (``--window-s``, 60): p50/p99 send-to-reply latency, RSS and open file
+2. the combined capacity (:mod:`workbench.bench.soak_capacity`): both loads at once, in the
+   proportions of the two maxima, at rising levels until the workers fall behind;
+3. clicks and requests at ``--fraction`` (0.6) of the combined capacity for ``--minutes``,
+   from the load driver (``streamrank bench drive``, a process of its own, recording every
+   reply);
+4. per window (``--window-s``, 60): p50/p99 send-to-reply latency, RSS and open file
    descriptors of each worker, Redis ``used_memory`` and the consumer lag of both groups;
-4. afterwards: every request answered, lag back to 0.
+5. afterwards: every request answered, lag back to 0.
 
 Goals: p99 of the last window within 20% of the first window after the warm-up (window 0);
 RSS growth under 10% after the warm-up; Redis memory flat (within 10%) once the dedupe TTL
@@ -46,6 +47,7 @@ from streamrank.settings import Settings
 from workbench.bench.drive import Run, load_run
 from workbench.bench.loadgen import Driver, make_requests
 from workbench.bench.scoring import publish_synthetic
+from workbench.bench.soak_capacity import Probe, combined_capacity
 from workbench.devstack.processes import ChildProcess, WorkerProcess, start_command, start_worker
 from workbench.devstack.services import free_port
 from workbench.devstack.stack import EmbeddedStack
@@ -61,7 +63,12 @@ GOAL_REDIS_FLAT = 0.10
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--minutes", type=float, default=10.0, help="how long to sustain load")
     parser.add_argument("--window-s", type=float, default=60.0, help="seconds per reported window")
-    parser.add_argument("--fraction", type=float, default=0.5, help="share of the measured maxima")
+    parser.add_argument(
+        "--fraction", type=float, default=0.6, help="share of the combined capacity to soak at"
+    )
+    parser.add_argument(
+        "--probe-s", type=float, default=30.0, help="seconds per combined-capacity level"
+    )
     parser.add_argument("--click-rate", type=float, help="clicks/s (default: fraction x max)")
     parser.add_argument("--request-rate", type=float, help="requests/s (default: fraction x max)")
     parser.add_argument("--ttl-s", type=int, default=60, help="dedupe TTL for the run, seconds")
@@ -209,13 +216,14 @@ async def _soak(
                     args.backlog_clicks, args.backlog_requests)  # fmt: skip
         max_clicks = await features_max(s, args, args.items)
         max_requests = await scoring_max(s, args)
-        # Each maximum was measured with the other path idle; both paths share the cores,
-        # so each gets half of the fraction.
-        click_rate = args.click_rate or round(args.fraction * max_clicks / 2, 1)
-        request_rate = args.request_rate or round(args.fraction * max_requests / 2, 1)
-        seconds = args.minutes * 60
         items = run_dir / "items.txt"
         items.write_text("".join(f"i{n}\n" for n in range(args.items)))
+        probe = Probe(settings=s, items_file=items, run_dir=run_dir, users=args.users,
+                      candidates=args.candidates, seconds=args.probe_s)  # fmt: skip
+        click_rate, request_rate, combined = await soak_rates(
+            probe, args, max_clicks=max_clicks, max_requests=max_requests
+        )
+        seconds = args.minutes * 60
         out = run_dir / "run"
         driver = start_command(
             ["bench", "drive", "--json", "--records", str(out), "--seconds", str(seconds),
@@ -260,8 +268,24 @@ async def _soak(
         lo = started_ms + int(k * args.window_s * 1000)
         per_minute.append({"minute": round(k * args.window_s / 60, 2),
                            **window_of(run, lo, lo + int(args.window_s * 1000)), **sample})  # fmt: skip
-    return report(args, per_minute, run, final_lag, alive, max_clicks, max_requests,
-                  click_rate, request_rate)  # fmt: skip
+    figures = report(args, per_minute, run, final_lag, alive, max_clicks, max_requests,
+                     click_rate, request_rate)  # fmt: skip
+    return {**figures, "combined_capacity": combined}
+
+
+async def soak_rates(
+    probe: Probe, args: argparse.Namespace, *, max_clicks: float, max_requests: float
+) -> tuple[float, float, dict[str, Any]]:
+    """The soak's click and request rates: ``--fraction`` of the combined capacity (each maximum
+    was measured with the other path idle, and both share the cores), unless given."""
+    combined = await combined_capacity(
+        probe, lags, max_clicks=max_clicks, max_requests=max_requests
+    )
+    click_rate = args.click_rate or round(args.fraction * combined["clicks_per_s"], 1)
+    request_rate = args.request_rate or round(args.fraction * combined["requests_per_s"], 1)
+    if not (click_rate and request_rate):
+        raise RuntimeError(f"no combined load kept up: {combined['probes']}")
+    return click_rate, request_rate, combined
 
 
 def report(args: argparse.Namespace, per_minute: list[dict[str, Any]], run: Run,

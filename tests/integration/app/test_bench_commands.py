@@ -61,8 +61,9 @@ def test_bench_streams_small(stack: StackInfo, tmp_path: Path) -> None:
 @pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_bench_scoring_quick(stack: StackInfo, workers: int) -> None:
     out = bench(
-        "scoring", "--quick", "--rates", "50", "--modes", "per_request", "--workers", str(workers)
-    )
+        "scoring", "--quick", "--rates", "50", "--modes", "per_request", "--workers", str(workers),
+        "--runtime-ab",
+    )  # fmt: skip
     assert out["config"]["stack"] == "configured"  # type: ignore[index]
     assert out["config"]["workers"] == workers  # type: ignore[index]
     for key in ("max_rps", "naive_max_rps", "forward_only_rps"):
@@ -79,10 +80,31 @@ def test_bench_scoring_quick(stack: StackInfo, workers: int) -> None:
     assert 0 < latency["loadgen_cpu_percent"] < 100 * (os.cpu_count() or 1)
     busy = out["saturation_host_busy_cores"]["per_request"]  # type: ignore[index]
     assert 0 < busy <= (os.cpu_count() or 1) + 0.05
+    # the true floor (a minimal aiokafka echo) at the same rates, half of max_rps among them
+    half = out["half_max_rps_rate"]
+    assert half == min(1000, round(out["max_rps_by_forward"]["per_request"] / 2))  # type: ignore[index]
+    floor = out["floor"]  # type: ignore[index]
+    assert set(floor["latency"]) == set(out["latency"]) == {"50", f"{half}"}  # type: ignore[arg-type]
+    assert floor["max_rps"] > 0 and floor["latency"]["50"]["answered"] > 0
+    assert out["overhead_vs_floor_p99_ms"][f"{half}"] == round(  # type: ignore[index]
+        out["latency"][f"{half}"]["p99_ms"] - floor["latency"][f"{half}"]["p99_ms"],
+        2,  # type: ignore[index]
+    )
+    # the A/B against the scorer before the inference runtimes, same mode, same run
+    ab = out["runtime_ab"]  # type: ignore[index]
+    assert ab["previous"]["STREAMRANK_SCORING_RUNTIME"] == "eager"
+    assert ab["current"]["runtime"] == "compiled" and ab["previous"]["max_rps"] > 0
+    assert ab["max_rps_vs_previous"] == round(
+        ab["current"]["max_rps"] / ab["previous"]["max_rps"], 3
+    )
+    assert out["forward_only_runtime"] == "compiled"
     assert set(out["goals"]) == {  # type: ignore[arg-type]
         "max_rps >= 1000",
         "max_rps >= 65% of forward-only",
         "p99 <= 25 ms at 200 req/s",
         "p99 - echo p99 <= 10 ms at 200 req/s",
         "max_rps >= 3x naive",
+        "max_rps >= 60% of forward-only",
+        "p99 - floor p99 <= 15 ms at half max_rps",
+        "max_rps >= 1.6x the previous scorer",
     }

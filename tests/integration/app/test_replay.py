@@ -46,6 +46,8 @@ def test_replay_online_scores_equal_offline_scores(
     assert report["users"] == report["answered"] == len(cases) == 60
     assert report["events_replayed"] == sum(len(c.history) for c in cases)
     assert report["degraded"] == 0 and report["versions_served"] == [artifact.version]
+    # the default runtime served, against the torch scorer op by op offline
+    assert report["runtimes_served"] == ["compiled"] and report["offline_runtime"] == "eager"
     assert report["max_abs_diff"] <= 1e-5  # every candidate of every user
     assert report["online"] == report["offline"]  # AUC and GAUC
     # the reference is the int8 table's scores, which the recorded fp32 scores are not
@@ -89,6 +91,7 @@ def test_replay_with_int8_dense_weights_equals_offline_int8(
     report = json.loads(capsys.readouterr().out)
     assert code == 0, report
     assert report["consistent"] and report["dense_weights"] == "int8"
+    assert report["runtimes_served"] == ["int8"]
     assert report["answered"] == len(cases) == 30 and report["degraded"] == 0
     assert report["max_abs_diff"] <= 1e-5
     assert report["online"] == report["offline"]
@@ -100,6 +103,29 @@ def test_replay_with_int8_dense_weights_equals_offline_int8(
     int8_effect = float(np.abs(int8 - fp32).max())
     assert int8_effect > 0
     assert report["max_abs_diff"] <= int8_effect / 10, (report["max_abs_diff"], int8_effect)
+
+
+def test_replay_on_onnx_runtime_serves_the_graph_published_with_the_version(
+    stack: StackInfo,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # publish stores the version's ONNX graph; the worker loads it, checks it against the
+    # version's weights and serves it within the tolerance of the torch scorer.
+    monkeypatch.setenv("STREAMRANK_KAFKA_BOOTSTRAP", stack.bootstrap)
+    monkeypatch.setenv("STREAMRANK_REDIS_URL", stack.redis_url)
+    monkeypatch.setenv("STREAMRANK_RUN_DIR", str(tmp_path / "run"))
+    monkeypatch.setenv("STREAMRANK_SCORING_RUNTIME", "onnx")
+    path = train_tiny_artifact(tmp_path / "artifacts", seed=14)
+    code = main(["replay", "--artifact", str(path), "--users", "20", "--json", "--no-progress"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0, report
+    assert report["consistent"] and report["runtimes_served"] == ["onnx"]
+    assert report["answered"] == 20 and report["max_abs_diff"] <= 1e-5
+    client = stack.sync_redis()
+    assert (client.strlen(keys.model_graph(report["version"])) or 0) > 0
+    client.close()
 
 
 def test_replay_of_a_version_with_counters_and_context_is_consistent(
@@ -129,6 +155,7 @@ def test_replay_of_a_version_with_counters_and_context_is_consistent(
     assert report["consistent"] and report["answered"] == len(cases) and report["degraded"] == 0
     assert report["events_replayed"] > sum(len(c.history) for c in cases)  # the whole log
     assert report["max_abs_diff"] <= 1e-5 and report["online"] == report["offline"]
+    assert report["runtimes_served"] == ["compiled"]  # side inputs through the compiled graph
     # the side inputs mattered: without them (all zero) the expectation differs
     blank = [dataclasses.replace(c, features={k: np.zeros_like(v).tolist()
                                               for k, v in (c.features or {}).items()})

@@ -97,7 +97,16 @@ async def test_worker_command_rank_command_and_metrics(
             )
             == 1.0
         )
-        assert metric(text, "streamrank_scoring_model_info", encoding="int8", version=version) == 1
+        assert (
+            metric(
+                text,
+                "streamrank_scoring_model_info",
+                encoding="int8",
+                runtime="compiled",
+                version=version,
+            )
+            == 1
+        )
         assert metric(text, "streamrank_scoring_model_loaded") == 1.0
         assert metric(text, "streamrank_scoring_assigned_partitions") == settings.topics.partitions
         assert metric(text, "streamrank_scoring_rebalances_total") >= 1

@@ -73,3 +73,4 @@ def test_figures_between_two_scrapes() -> None:
         "rank requests" in text and "20.0" in text and "din-a" in text and "expired 10.0%" in text
     )
     assert "unreachable: down (connection refused)" in text
+    assert "queue_wait: the request's record timestamp (set by the producing client)" in text

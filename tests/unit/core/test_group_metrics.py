@@ -30,7 +30,7 @@ def test_the_family_is_named_by_the_prefix_and_dependency_up_only_when_asked() -
         f"x_{kind}_{name}"
         for kind in ("features", "scoring")
         for name in ("consumer_lag", "commits", "rebalances", "last_rebalance_seconds",
-                     "assigned_partitions")
+                     "assigned_partitions", "event_loop_lag_seconds", "gc_pause_seconds")
     } | {"x_features_dependency_up"}  # fmt: skip
     assert value(registry, "x_features_dependency_up", dependency="redis") == 1
 
