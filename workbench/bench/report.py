@@ -109,6 +109,8 @@ def draw_scoring_latency(series: ScoringSeries, path: Path) -> None:
     curves = [(series.ours, "tab:blue")]
     if series.echo is not None:
         curves.append((series.echo, "tab:gray"))
+    if series.floor is not None:
+        curves.append((series.floor, "black"))
     for curve, color in curves:
         ax.plot(curve.rates, curve.p50_ms, "o-", color=color, label=f"{curve.label} p50")
         ax.plot(curve.rates, curve.p99_ms, "s--", color=color, label=f"{curve.label} p99")
@@ -125,7 +127,8 @@ def draw_scoring_latency(series: ScoringSeries, path: Path) -> None:
     ax.legend(fontsize=8)
     names = list(series.max_rps)
     values = [series.max_rps[n] for n in names]
-    colors = {"ours": "tab:blue", "echo floor": "tab:gray", "naive": "tab:orange"}
+    colors = {"ours": "tab:blue", "echo floor": "tab:gray", "true floor": "black",
+              "previous scorer": "tab:purple", "naive": "tab:orange"}  # fmt: skip
     drawn = bars.bar(names, values, color=[colors.get(n, "tab:green") for n in names])
     bars.bar_label(drawn, labels=[f"{v:,.0f}" for v in values], fontsize=8)
     bars.set_ylabel("max req/s (one worker)")

@@ -80,6 +80,7 @@ class ScoringSeries:
     echo: LatencyCurve | None  # None: the run has no echo baseline
     max_rps: dict[str, float]  # bar label -> req/s, in drawing order
     title: str
+    floor: LatencyCurve | None = None  # the true floor (a minimal aiokafka echo), when run
 
 
 def latency_curve(latency: Mapping[str, Any], *, label: str, source: str, key: str) -> LatencyCurve:
@@ -138,6 +139,23 @@ def scoring_series(result: Mapping[str, Any], *, source: str) -> ScoringSeries:
             "the code with the echo baseline adds it)",
             source,
         )
+    floor = None
+    if "floor" in result:
+        floor = latency_curve(
+            _need(result, "floor", "latency", **need),
+            label="true floor",
+            source=source,
+            key="floor.latency",
+        )
+        bars["true floor"] = _number(
+            _need(result, "floor", "max_rps", **need), what="floor.max_rps", source=source
+        )
+    if "runtime_ab" in result:
+        bars["previous scorer"] = _number(
+            _need(result, "runtime_ab", "previous", "max_rps", **need),
+            what="runtime_ab.previous.max_rps",
+            source=source,
+        )
     bars["naive"] = _number(
         _need(result, "naive_max_rps", **need), what="naive_max_rps", source=source
     )
@@ -152,7 +170,7 @@ def scoring_series(result: Mapping[str, Any], *, source: str) -> ScoringSeries:
             f"candidates x {config.get('history', '?')} history, "
             f"{config.get('cpus', '?')} CPUs)"
         )
-    return ScoringSeries(ours=ours, echo=echo, max_rps=bars, title=title)
+    return ScoringSeries(ours=ours, echo=echo, max_rps=bars, title=title, floor=floor)
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,14 @@ def metric(text: str, name: str, **labels: str) -> float:
     raise AssertionError(f"{prefix!r} not in /metrics")
 
 
+def ready(port: int) -> bool:
+    """The worker's /readyz answers 200 (False while it is not listening yet)."""
+    try:
+        return get_json(port, "/readyz")[0] == 200
+    except OSError:
+        return False
+
+
 async def test_worker_command_rank_command_and_metrics(
     make_settings: Callable[..., Settings], unique: str, tmp_path: Path
 ) -> None:
@@ -70,6 +78,11 @@ async def test_worker_command_rank_command_and_metrics(
         env=env,
     )  # fmt: skip
     try:
+        # as a client would: rank once the worker reports ready (its forward compiled and
+        # checked, its partitions assigned), so the request is not expired while it starts
+        await wait_for(
+            lambda: asyncio.to_thread(ready, port), timeout_s=120, what="the worker ready"
+        )
         rank = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "workbench.cli", "rank", "--user", "cli-user",
             "--items", ",".join(items), "--json", "--timeout", "60",

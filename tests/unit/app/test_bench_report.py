@@ -101,6 +101,22 @@ def test_scoring_series_ours_echo_and_the_max_rps_bars() -> None:
     assert "1,000,000 items" in series.title and "2 CPUs" in series.title
 
 
+def test_scoring_series_adds_the_true_floor_and_the_previous_scorer_when_run() -> None:
+    floor = {"max_rps": 3100.0, "latency": {"200": {"p50_ms": 3.1, "p99_ms": 7.9},
+                                            "100": {"p50_ms": 2.9, "p99_ms": 6.2}}}  # fmt: skip
+    result = {**with_echo(), "floor": floor,
+              "runtime_ab": {"previous": {"max_rps": 402.5}, "current": {"max_rps": 700.1}}}  # fmt: skip
+    series = report_series.scoring_series(result, source="s.json")
+
+    assert series.floor is not None and series.floor.label == "true floor"
+    assert series.floor.rates == (100.0, 200.0) and series.floor.p99_ms == (6.2, 7.9)
+    assert list(series.max_rps) == [
+        "ours", "echo floor", "true floor", "previous scorer", "naive", "forward only",
+    ]  # fmt: skip
+    assert series.max_rps["true floor"] == 3100.0
+    assert series.max_rps["previous scorer"] == 402.5
+
+
 def test_scoring_series_sorts_rates_numerically_and_skips_a_rate_without_replies(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
