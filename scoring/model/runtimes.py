@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Literal, NamedTuple, Protocol
+from collections.abc import Callable
+from typing import Any, Literal, NamedTuple, ParamSpec, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -28,6 +29,8 @@ from streamrank.errors import ArtifactError, RuntimeUnavailable
 
 logger = logging.getLogger(__name__)
 
+P = ParamSpec("P")
+R = TypeVar("R")
 ForwardRuntime = Literal["compiled", "eager", "onnx"]
 FORWARD_RUNTIMES: tuple[ForwardRuntime, ...] = ("compiled", "eager", "onnx")
 PROBE_TOLERANCE = 1e-5  # most a runtime's probabilities may differ from eager's on the probe
@@ -82,6 +85,12 @@ def _pad_lengths(
         if dense is not None:
             dense = F.pad(dense, (0, 0, 0, pad_c))  # [B, 2, F]
     return hist, hist_mask, cands, dense
+
+
+def untraced(hook: Callable[P, R]) -> Callable[P, R]:
+    """``hook`` kept out of torch.compile's frame tracing: a ``gc.callbacks`` hook may run in the
+    middle of a compiled forward, where Dynamo would otherwise try to compile it."""
+    return torch.compiler.disable(hook, recursive=True)
 
 
 class CompiledForward:

@@ -22,6 +22,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from prometheus_client import CollectorRegistry
 
 from schemas import Limits
+from scoring.model.runtimes import untraced
 from scoring.serving.checkpoint import Checkpoint
 from scoring.serving.hotpool import HotPool
 from scoring.serving.kafka_clients import next_batch, reply_producer, request_consumer
@@ -40,6 +41,7 @@ from scoring.serving.wiring import (
 )
 from streamrank import clock
 from streamrank.runtime.health import Check, Health
+from streamrank.runtime.loop_health import GcHook
 from streamrank.runtime.worker import GroupWorker
 from streamrank.runtime.worker import serve as serve_worker
 from streamrank.settings import Settings
@@ -98,6 +100,9 @@ class ScoringWorker(GroupWorker):
         return self._checkpoint.rewinds if self._checkpoint is not None else 0
 
     # --- the lifecycle's parts (streamrank.runtime.worker) ---------------------------------
+
+    def guard_gc_hook(self, hook: GcHook) -> GcHook:
+        return untraced(hook)  # collections run inside the compiled forward's thread too
 
     async def open(self) -> Any:
         configure_torch(self.settings.scoring)

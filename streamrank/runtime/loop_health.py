@@ -14,6 +14,7 @@ logger = logging.getLogger(__name__)
 
 LAG_INTERVAL_S = 0.05  # how often the loop's lag is sampled
 Observe = Callable[[float], None]
+GcHook = Callable[[str, dict[str, Any]], None]
 
 
 async def watch_loop_lag(observe: Observe, *, interval_s: float = LAG_INTERVAL_S) -> None:
@@ -32,6 +33,7 @@ class GcPauses:
     def __init__(self, observe: Callable[[int, float], None]) -> None:
         self._observe = observe
         self._started: float | None = None
+        self._hook: GcHook = self
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -40,13 +42,15 @@ class GcPauses:
             self._observe(int(info["generation"]), time.perf_counter() - self._started)
             self._started = None
 
-    def install(self) -> None:
-        if self not in gc.callbacks:
-            gc.callbacks.append(self)
+    def install(self, wrap: Callable[[GcHook], GcHook] | None = None) -> None:
+        """Add the hook to ``gc.callbacks``, as ``wrap(self)`` when given."""
+        if self._hook not in gc.callbacks:
+            self._hook = self if wrap is None else wrap(self)
+            gc.callbacks.append(self._hook)
 
     def remove(self) -> None:
-        if self in gc.callbacks:
-            gc.callbacks.remove(self)
+        if self._hook in gc.callbacks:
+            gc.callbacks.remove(self._hook)
 
     def __enter__(self) -> GcPauses:
         self.install()

@@ -26,7 +26,12 @@ from streamrank.kafka import clients as kafka
 from streamrank.runtime import groups
 from streamrank.runtime.group_metrics import GroupMetrics, commit_offsets, report_lag
 from streamrank.runtime.health import Check, Health
-from streamrank.runtime.loop_health import GcPauses, freeze_start_up_objects, watch_loop_lag
+from streamrank.runtime.loop_health import (
+    GcHook,
+    GcPauses,
+    freeze_start_up_objects,
+    watch_loop_lag,
+)
 from streamrank.runtime.membership import Membership
 from streamrank.runtime.metrics_http import metrics_server, resolve_port
 from streamrank.runtime.rebalance import RebalanceListener
@@ -75,6 +80,11 @@ class GroupWorker(abc.ABC):
         self._gc_pauses = GcPauses(metrics.gc_paused)
 
     # --- what a worker kind adds -----------------------------------------------------------
+
+    def guard_gc_hook(self, hook: GcHook) -> GcHook:
+        """The GC-pause hook as installed; a kind whose threads run traced code (a compiled
+        forward) wraps it so that the tracer leaves it alone when a collection runs there."""
+        return hook
 
     @abc.abstractmethod
     async def open(self) -> Any:
@@ -200,7 +210,7 @@ class GroupWorker(abc.ABC):
         tasks = {**self.background(), "loop-lag": watch_loop_lag(self.metrics.loop_lag.observe)}
         self._tasks = [asyncio.create_task(coro, name=name) for name, coro in tasks.items()]
         freeze_start_up_objects()  # the model, modules and clients: never garbage
-        self._gc_pauses.install()
+        self._gc_pauses.install(self.guard_gc_hook)
         self.announce()
 
     async def stop(self) -> None:

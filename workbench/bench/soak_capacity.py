@@ -4,8 +4,9 @@ proportions, at rising levels, until the workers no longer keep up.
 Each path's maximum is measured with the other idle, and the two share the host's cores, so
 the two maxima together are more than the host has. A level ``x`` offers ``x`` times each
 maximum at once for ``probe_s`` (one ``bench drive`` process); it keeps up when, at the end of
-its sends, neither group is more than :data:`LAG_SLACK_S` seconds of its offered rate behind
-and every request is answered within the drain. The combined capacity is the highest level
+its sends, neither group is more than :data:`LAG_SLACK_S` seconds of its offered rate behind,
+every request is answered within the drain and at most :data:`DEGRADED_SLACK` of the replies
+are degraded (an overloaded worker answers "expired" quickly: answered, but not served). The combined capacity is the highest level
 that keeps up; the soak runs at a fraction of it.
 """
 
@@ -29,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 LEVELS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)  # shares of each path's own maximum
 LAG_SLACK_S = 3.0  # seconds of offered load a group may be behind and still keep up
+DEGRADED_SLACK = 0.01  # share of a probe's replies that may be degraded (e.g. expired)
 Lags = Callable[[Settings], Awaitable[dict[str, int]]]
 
 
@@ -42,6 +44,11 @@ class Probe:
     users: int
     candidates: int
     seconds: float
+
+
+def served(*, replies: int, degraded: int) -> bool:
+    """At most :data:`DEGRADED_SLACK` of the replies degraded."""
+    return degraded <= DEGRADED_SLACK * replies
 
 
 def keeps_up(lag: dict[str, int], *, click_rate: float, request_rate: float) -> bool:
@@ -77,14 +84,18 @@ async def probe_level(
     run = load_run(out)
     latencies = run.latencies_ms()
     unanswered = len(run.unanswered())
+    replies = run.first_replies()
+    degraded = sum(1 for reply in replies.values() if reply["degraded"])
     return {
         "level": level,
         "click_rate": click_rate,
         "request_rate": request_rate,
         "lag_at_end_of_sends": lag,
         "unanswered": unanswered,
+        "degraded": degraded,
         "p99_ms": round(float(np.percentile(latencies, 99)), 2) if latencies.size else None,
         "keeps_up": unanswered == 0
+        and served(replies=len(replies), degraded=degraded)
         and keeps_up(lag, click_rate=click_rate, request_rate=request_rate),
     }
 

@@ -23,10 +23,10 @@ GOALS = {
 
 
 def test_bench_soak_short() -> None:
-    # Half of the combined capacity (both loads at once, short probes): what is checked here
+    # A quarter of the combined capacity (both loads at once, short probes): what is checked here
     # must hold at any load the machine sustains; the load itself is the full run's business.
     args = ["--minutes", "1", "--window-s", "20", "--ttl-s", "10", "--items", "2000",
-            "--backlog-clicks", "5000", "--backlog-requests", "300", "--fraction", "0.5",
+            "--backlog-clicks", "5000", "--backlog-requests", "300", "--fraction", "0.25",
             "--probe-s", "8"]  # fmt: skip
     result = subprocess.run(
         [sys.executable, "-m", "workbench.cli", "bench", "soak", *args, "--json"],
@@ -43,6 +43,7 @@ def test_bench_soak_short() -> None:
     assert len(out["per_minute"]) == 3  # 60 s in 20 s windows
     for window in out["per_minute"]:
         assert window["requests"] > 0 and window["clicks"] > 0, window
+        assert "p99_ms" in window, f"no request of this window answered: {window}"
         assert window["p99_ms"] >= window["p50_ms"] > 0, window
         assert set(window["rss_mb"]) == set(window["open_fds"]) == {"features", "scoring"}
         assert all(v > 0 for v in window["rss_mb"].values()), window
@@ -53,8 +54,8 @@ def test_bench_soak_short() -> None:
     kept = [p["level"] for p in combined["probes"] if p["keeps_up"]]
     assert max(kept) == combined["level"]  # the highest level that kept up
     assert not combined["probes"][-1]["keeps_up"] or combined["level"] == 1.0
-    assert out["click_rate"] == round(0.5 * combined["clicks_per_s"], 1)
-    assert out["request_rate"] == round(0.5 * combined["requests_per_s"], 1)
+    assert out["click_rate"] == round(0.25 * combined["clicks_per_s"], 1)
+    assert out["request_rate"] == round(0.25 * combined["requests_per_s"], 1)
     assert out["requests"] > 0 and out["unanswered"] == 0
     assert out["goals"]["replies == requests"] and out["goals"]["lag back to 0"], out["final_lag"]
     assert out["workers_alive"] == {"features": True, "scoring": True}
