@@ -67,8 +67,9 @@ def test_roundtrip(tmp_path: Path) -> None:
 
 
 def test_versions_are_unique_and_readable() -> None:
-    ids = {new_version("din") for _ in range(200)}
-    assert len(ids) == 200
+    # 24 random bits: 50 draws collide about once in 13,000 runs (200 did once in 800)
+    ids = {new_version("din") for _ in range(50)}
+    assert len(ids) == 50
     v = next(iter(ids))
     kind, date, suffix = v.split("-")
     assert kind == "din" and len(date) == 8 and date.isdigit() and len(suffix) == 6
