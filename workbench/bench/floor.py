@@ -2,7 +2,8 @@
 
 Unlike :mod:`workbench.bench.echo`, which reuses the scoring worker's intake loop (batch
 gathering, pipelining, ordered commits, acks=all), this is what the thinnest client could do
-on the same broker: aiokafka's defaults (offsets auto-committed, acks=1, linger 0), each
+on the same broker: aiokafka's defaults (offsets auto-committed, acks=1, linger 0) but the
+worker's fetch wait (``STREAMRANK_SCORING_FETCH_WAIT_MS``), each
 fetched request decoded and answered with zero scores, sends not awaited one by one. What the
 echo adds to this floor is our intake loop's; what our worker adds to the echo is lookups and
 compute. Run by ``streamrank bench scoring`` as ``python -m workbench.bench.floor``.
@@ -32,6 +33,8 @@ async def serve(settings: Settings) -> None:
         **kafka.group_kwargs(settings.kafka),
         enable_auto_commit=True,
         auto_offset_reset="earliest",
+        # the worker's fetch wait: a broker may hold a fetch for all of aiokafka's 500 ms default
+        fetch_max_wait_ms=settings.scoring.fetch_wait_ms,
     )
     consumer.subscribe([settings.topics.requests])
     await producer.start()
