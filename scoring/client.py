@@ -21,6 +21,7 @@ from aiokafka.errors import KafkaError
 from schemas import DEFAULT_SCENE, RankRequest, RankResult, decode_result, is_error_reply
 from streamrank.errors import ContractError, KafkaUnavailable, StreamrankError
 from streamrank.kafka import clients as kafka
+from streamrank.kafka.fetch_wait import FetchWait
 from streamrank.runtime import tasks
 from streamrank.settings import Settings
 
@@ -148,9 +149,10 @@ class RankClient:
 
     async def _read_replies(self) -> None:
         assert self._consumer is not None
+        fetch = FetchWait(self._consumer, floor_ms=self._settings.scoring.fetch_wait_ms)
         try:
             while True:
-                batches = await self._consumer.getmany(timeout_ms=500)
+                batches = await fetch.getmany(timeout_ms=500)
                 for records in batches.values():
                     for record in records:
                         self._deliver(record.value)

@@ -9,6 +9,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 
 from streamrank.kafka import clients as kafka
+from streamrank.kafka.fetch_wait import FetchWait
 from streamrank.settings import ScoringSettings, Settings
 
 
@@ -31,12 +32,12 @@ def request_consumer(settings: Settings, *, group_id: str, client_id: str) -> AI
     )
 
 
-async def next_batch(
-    consumer: AIOKafkaConsumer, scoring: ScoringSettings
-) -> list[ConsumerRecord[Any, Any]]:
-    """Up to ``scoring.batch_max`` records: the first wait is open-ended (200 ms polls), then
-    more are gathered for at most ``scoring.batch_wait_ms``."""
-    got = await consumer.getmany(timeout_ms=200, max_records=scoring.batch_max)
+async def next_batch(fetch: FetchWait, scoring: ScoringSettings) -> list[ConsumerRecord[Any, Any]]:
+    """Up to ``scoring.batch_max`` records: the first wait is open-ended (200 ms polls, the
+    fetch wait kept from starving by ``fetch``), then more are gathered for at most
+    ``scoring.batch_wait_ms``."""
+    consumer = fetch.consumer
+    got = await fetch.getmany(timeout_ms=200, max_records=scoring.batch_max)
     records = [r for part in got.values() for r in part]
     if not records or scoring.batch_wait_ms <= 0:
         return records

@@ -47,6 +47,12 @@ class ScoringMetrics(GroupMetrics):
             ["outcome", "reason", "topic"],
             registry=r,
         )
+        self.fetch_wait = Gauge(
+            "streamrank_scoring_fetch_wait_seconds",
+            "The wait the request consumer asks the broker to hold a fetch: scoring_fetch_wait_ms, "
+            "raised while the broker answers fetches empty although requests wait.",
+            registry=r,
+        )
         self.latency = Histogram(
             "streamrank_scoring_request_latency_seconds",
             "End to end: request produced -> reply acknowledged by the broker.",

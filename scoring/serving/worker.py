@@ -40,6 +40,7 @@ from scoring.serving.wiring import (
     scoring_redis,
 )
 from streamrank import clock
+from streamrank.kafka.fetch_wait import FetchWait
 from streamrank.runtime.health import Check, Health
 from streamrank.runtime.loop_health import GcHook
 from streamrank.runtime.worker import GroupWorker
@@ -90,6 +91,7 @@ class ScoringWorker(GroupWorker):
         self.service: RankService | None = None
         self.hot_pool: HotPool | None = None
         self._checkpoint: Checkpoint | None = None
+        self._fetch: FetchWait | None = None
         self._inflight: collections.deque[asyncio.Task[bool]] = collections.deque()
         self.batches = 0
 
@@ -131,6 +133,11 @@ class ScoringWorker(GroupWorker):
         s = self.settings
         producer = reply_producer(s)
         consumer = request_consumer(s, group_id=self.group, client_id=self.client_id)
+        self._fetch = FetchWait(
+            consumer,
+            floor_ms=s.scoring.fetch_wait_ms,
+            on_change=lambda ms: self.metrics.fetch_wait.set(ms / 1000),
+        )
         self._checkpoint = Checkpoint(
             consumer=consumer,
             producer=producer,
@@ -165,8 +172,8 @@ class ScoringWorker(GroupWorker):
     # --- the loop ---------------------------------------------------------------------------
 
     async def _next_batch(self) -> list[ConsumerRecord[Any, Any]]:
-        assert self._consumer is not None
-        return await next_batch(self._consumer, self.settings.scoring)
+        assert self._fetch is not None
+        return await next_batch(self._fetch, self.settings.scoring)
 
     async def run(self) -> None:
         """Consume until :meth:`request_stop` (or cancellation).

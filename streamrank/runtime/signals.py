@@ -4,6 +4,7 @@ tools' (``tail``, ``top``, ``dlq`` ...) clean one."""
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import signal
 from collections.abc import Callable
@@ -12,6 +13,18 @@ from typing import Any
 logger = logging.getLogger("streamrank")
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+DUMP_SIGNAL = signal.SIGUSR1  # `kill -USR1 <pid>`: log where every task of the loop waits
+
+
+def task_stacks(loop: asyncio.AbstractEventLoop) -> str:
+    """Every pending task of ``loop`` with the stack it is suspended in (an asyncio thread dump)."""
+    out = io.StringIO()
+    tasks = sorted(asyncio.all_tasks(loop), key=lambda t: t.get_name())
+    out.write(f"{len(tasks)} tasks\n")
+    for task in tasks:
+        out.write(f"--- {task.get_name()}: {task.get_coro()!r}\n")
+        task.print_stack(file=out)
+    return out.getvalue()
 
 
 def run_until_signalled(
@@ -23,7 +36,8 @@ def run_until_signalled(
     KeyboardInterrupt.
 
     ``on_signal(task)``, when given, handles the first signal instead (a graceful stop: finish
-    what is in flight, then return); a second signal cancels."""
+    what is in flight, then return); a second signal cancels. SIGUSR1 logs every task's stack
+    (:func:`task_stacks`) and goes on."""
 
     async def main() -> Any:
         task = asyncio.ensure_future(coro)
@@ -44,13 +58,14 @@ def run_until_signalled(
 
         for sig in SIGNALS:
             loop.add_signal_handler(sig, handle)
+        loop.add_signal_handler(DUMP_SIGNAL, lambda: logger.warning("%s", task_stacks(loop)))
         try:
             return await task
         except asyncio.CancelledError:
             logger.info("stopped by signal")
             return None
         finally:
-            for sig in SIGNALS:
+            for sig in (*SIGNALS, DUMP_SIGNAL):
                 loop.remove_signal_handler(sig)
 
     return asyncio.run(main())

@@ -214,7 +214,8 @@ class ScoringSettings(Section):
         2,
         ge=0,
         description="Longest a broker may hold a fetch of the scoring worker or RankClient "
-        "(the embedded Tansu broker always holds it this long: it bounds the latency per hop).",
+        "(the embedded Tansu broker always holds it this long: it bounds the latency per hop); "
+        "raised while the broker answers fetches empty although records wait.",
     )
     pipeline_depth: int = Field(
         2,

@@ -41,6 +41,7 @@ from aiokafka.errors import KafkaError
 
 from streamrank import clock
 from streamrank.kafka import clients as kafka
+from streamrank.kafka.fetch_wait import FetchWait
 from streamrank.runtime.tasks import cancel_and_wait
 from streamrank.settings import Settings
 
@@ -196,8 +197,9 @@ class LoadDriver:
     # --- replies ------------------------------------------------------------------------------
 
     async def _read_replies(self, consumer: Any) -> None:
+        fetch = FetchWait(consumer, floor_ms=self.settings.scoring.fetch_wait_ms)
         while True:
-            batches = await consumer.getmany(timeout_ms=200)
+            batches = await fetch.getmany(timeout_ms=200)
             now_perf, now_ms = time.perf_counter(), clock.now_ms()
             for records in batches.values():
                 for record in records:

@@ -25,6 +25,7 @@ from scoring.serving.kafka_clients import next_batch, reply_producer, request_co
 from scoring.serving.offsets import OffsetBook
 from streamrank import clock
 from streamrank.errors import ContractError
+from streamrank.kafka.fetch_wait import FetchWait
 from streamrank.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class EchoWorker:
         self._consumer: AIOKafkaConsumer = request_consumer(
             settings, group_id=settings.scoring.group_id, client_id="streamrank-bench-echo"
         )
+        self._fetch = FetchWait(self._consumer, floor_ms=settings.scoring.fetch_wait_ms)
         self._offsets = OffsetBook(commit_interval_s=settings.scoring.commit_interval_ms / 1000)
 
     async def __aenter__(self) -> EchoWorker:
@@ -102,7 +104,7 @@ class EchoWorker:
             if len(inflight) >= self.settings.scoring.pipeline_depth:
                 await asyncio.wait({inflight[0]})
                 continue
-            records = await next_batch(self._consumer, self.settings.scoring)
+            records = await next_batch(self._fetch, self.settings.scoring)
             if records:
                 previous = inflight[-1] if inflight else None
                 inflight.append(asyncio.create_task(self._answer(records, previous)))

@@ -20,6 +20,7 @@ from aiokafka import TopicPartition
 
 from streamrank import clock
 from streamrank.kafka import clients as kafka
+from streamrank.kafka.fetch_wait import FetchWait
 from streamrank.runtime import tasks
 from streamrank.settings import Settings
 
@@ -182,8 +183,9 @@ class Driver:
         await self._producer.stop()
 
     async def _read(self) -> None:
+        fetch = FetchWait(self._consumer, floor_ms=self._settings.scoring.fetch_wait_ms)
         while True:
-            batches = await self._consumer.getmany(timeout_ms=200)
+            batches = await fetch.getmany(timeout_ms=200)
             now = time.perf_counter()
             stats = self.stats  # replaced by reset() between phases
             for records in batches.values():

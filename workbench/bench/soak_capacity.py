@@ -4,7 +4,8 @@ proportions, at rising levels, until the workers no longer keep up.
 Each path's maximum is measured with the other idle, and the two share the host's cores, so
 the two maxima together are more than the host has. A level ``x`` offers ``x`` times each
 maximum at once for ``probe_s`` (one ``bench drive`` process); it keeps up when, at the end of
-its sends, neither group is more than :data:`LAG_SLACK_S` seconds of its offered rate behind,
+its sends, neither group is more than :data:`LAG_SLACK_S` seconds (a tenth of a shorter probe)
+of its offered rate behind,
 every request is answered within the drain and at most :data:`DEGRADED_SLACK` of the replies
 are degraded (an overloaded worker answers "expired" quickly: answered, but not served). The combined capacity is the highest level
 that keeps up; the soak runs at a fraction of it.
@@ -51,10 +52,14 @@ def served(*, replies: int, degraded: int) -> bool:
     return degraded <= DEGRADED_SLACK * replies
 
 
-def keeps_up(lag: dict[str, int], *, click_rate: float, request_rate: float) -> bool:
-    """Neither group more than :data:`LAG_SLACK_S` seconds of its offered rate behind."""
-    return lag["features"] <= max(100.0, click_rate * LAG_SLACK_S) and lag["scoring"] <= max(
-        20.0, request_rate * LAG_SLACK_S
+def keeps_up(
+    lag: dict[str, int], *, click_rate: float, request_rate: float, probe_s: float
+) -> bool:
+    """Neither group more than :data:`LAG_SLACK_S` seconds (a tenth of a shorter probe) of its
+    offered rate behind."""
+    slack_s = min(LAG_SLACK_S, probe_s / 10)
+    return lag["features"] <= max(100.0, click_rate * slack_s) and lag["scoring"] <= max(
+        20.0, request_rate * slack_s
     )
 
 
@@ -96,7 +101,7 @@ async def probe_level(
         "p99_ms": round(float(np.percentile(latencies, 99)), 2) if latencies.size else None,
         "keeps_up": unanswered == 0
         and served(replies=len(replies), degraded=degraded)
-        and keeps_up(lag, click_rate=click_rate, request_rate=request_rate),
+        and keeps_up(lag, click_rate=click_rate, request_rate=request_rate, probe_s=probe.seconds),
     }
 
 

@@ -45,3 +45,21 @@ def test_a_worker_that_returns_gives_its_result() -> None:
         return "done"
 
     assert run_until_signalled(worker()) == "done"
+
+
+def test_sigusr1_logs_every_task_stack_and_goes_on(caplog: Any) -> None:
+    async def parked() -> None:
+        await asyncio.Event().wait()
+
+    async def worker() -> str:
+        reader = asyncio.create_task(parked(), name="parked-reader")
+        await asyncio.sleep(0)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        await asyncio.sleep(0.05)  # the handler runs on the loop
+        reader.cancel()
+        return "still running"
+
+    with caplog.at_level("WARNING", logger="streamrank"):
+        assert run_until_signalled(worker()) == "still running"
+    dump = "\n".join(r.getMessage() for r in caplog.records)
+    assert "--- parked-reader" in dump and "in parked" in dump  # the task and where it waits
