@@ -4,20 +4,23 @@ A short ``fetch_max_wait_ms`` bounds the latency per hop on a broker that holds 
 its whole wait (the embedded Tansu). But a broker that needs longer than the wait to assemble a
 fetch (Tansu, once it holds a lot of records, on a busy host) answers it empty although records
 wait, every time: a consumer with such a wait then reads nothing, however far behind it is.
-:class:`FetchWait` reads through ``getmany`` in short probes; when one returns nothing while
-records wait (a partition's last known end ahead of its position) and none were read for
-:data:`STALL_S`, it doubles the wait, and it halves the wait again, towards the configured one,
-:data:`RELAX_AFTER_S` later (a raised wait costs latency: such a broker holds every fetch for
-its whole wait). aiokafka takes each fetch request's wait from one private attribute of its fetcher;
-this module is the only one that sets it (``pyproject.toml`` pins aiokafka's minor release).
+:class:`FetchWait` reads through ``getmany`` in short probes; when records wait (a partition's
+last known end ahead of its position) and none were read for :func:`stall_limit_s`, it doubles
+the wait. A raised wait costs latency (such a broker holds every fetch for its whole wait), so
+it is halved again towards the configured one :data:`RELAX_AFTER_S` later; when that starves at
+once, the next try waits twice as long (up to :data:`MAX_RELAX_AFTER_S`). aiokafka takes each
+fetch request's wait from one private attribute of its fetcher; this module is the only one
+that sets it (``pyproject.toml`` pins aiokafka's minor release).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
@@ -26,8 +29,9 @@ from aiokafka.errors import IllegalStateError, KafkaError
 logger = logging.getLogger(__name__)
 
 CEILING_MS = 500  # aiokafka's default wait: the most a starving consumer is raised to
-STALL_S = 0.05  # records waiting and none read for this long (or 10 waits) is starving
-RELAX_AFTER_S = 10.0  # a raised wait is halved after this long without starving
+STALL_S = 0.03  # records waiting and none read for this long (or 10 waits) is starving
+RELAX_AFTER_S = 10.0  # a raised wait is first halved after this long without starving
+MAX_RELAX_AFTER_S = 600.0  # the longest a raised wait holds before it is tried lower again
 PROBE_ROUNDS = 5  # fetch waits per getmany probe (how often starving is looked for)
 
 Batches = dict[TopicPartition, list[ConsumerRecord[Any, Any]]]
@@ -38,15 +42,31 @@ def stall_limit_s(wait_ms: int) -> float:
     return max(STALL_S, 10 * wait_ms / 1000)
 
 
-def next_wait(wait_ms: int, *, floor_ms: int, starving: bool, now: float, changed_at: float) -> int:
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """A consumer's fetch wait: since when, how long it holds before it is tried lower, and
+    whether it was lowered (a lowered wait that starves makes the next try wait longer)."""
+
+    wait_ms: int
+    changed_at: float
+    relax_after_s: float = RELAX_AFTER_S
+    lowered: bool = False
+
+
+def next_wait(wait: Wait, *, floor_ms: int, starving: bool, now: float) -> Wait:
     """The fetch wait after an observation at ``now``: doubled (up to :data:`CEILING_MS`) when
-    ``starving`` (records waited unread for :func:`stall_limit_s`); halved towards
-    ``floor_ms`` :data:`RELAX_AFTER_S` after the last change."""
+    ``starving``; halved towards ``floor_ms`` once it has held for ``relax_after_s``."""
     if starving:
-        return min(CEILING_MS, max(2 * wait_ms, wait_ms + 1))
-    if wait_ms > floor_ms and now - changed_at >= RELAX_AFTER_S:
-        return max(floor_ms, wait_ms // 2)
-    return wait_ms
+        relax_after_s = wait.relax_after_s
+        if wait.lowered:  # the lower wait starves: hold the higher one twice as long next time
+            relax_after_s = min(MAX_RELAX_AFTER_S, 2 * relax_after_s)
+        raised = min(CEILING_MS, max(2 * wait.wait_ms, wait.wait_ms + 1))
+        return Wait(raised, now, relax_after_s, lowered=False)
+    if wait.wait_ms > floor_ms and now - wait.changed_at >= wait.relax_after_s:
+        return dataclasses.replace(
+            wait, wait_ms=max(floor_ms, wait.wait_ms // 2), changed_at=now, lowered=True
+        )
+    return wait
 
 
 def waiting_records(ends: dict[TopicPartition, int], positions: dict[TopicPartition, int]) -> int:
@@ -76,12 +96,17 @@ class FetchWait:
     ) -> None:
         self.consumer = consumer
         self.floor_ms = floor_ms
-        self.wait_ms = floor_ms
-        self._read_at = self._changed_at = time.monotonic()
+        self._wait = Wait(floor_ms, changed_at=time.monotonic())
+        self._read_at = self._wait.changed_at
         self._listed_at = float("-inf")
         self._on_change = on_change
         if on_change is not None:
             on_change(floor_ms)
+
+    @property
+    def wait_ms(self) -> int:
+        """The wait the consumer's fetches ask for now."""
+        return self._wait.wait_ms
 
     async def getmany(self, *, timeout_ms: int, max_records: int | None = None) -> Batches:
         """What ``consumer.getmany`` returns within ``timeout_ms``, read in probes of
@@ -95,7 +120,8 @@ class FetchWait:
             now = time.monotonic()
             if got:
                 self._read_at = now
-            stalled = now - max(self._read_at, self._changed_at) >= stall_limit_s(self.wait_ms)
+            since = max(self._read_at, self._wait.changed_at)
+            stalled = now - since >= stall_limit_s(self.wait_ms)
             self._observe(now, waiting=await self._waiting() if stalled and not got else 0)
             if got or now >= deadline:
                 return got
@@ -124,28 +150,22 @@ class FetchWait:
         return waiting_records(ends, positions)
 
     def _observe(self, now: float, *, waiting: int) -> None:
-        wait_ms = next_wait(
-            self.wait_ms,
-            floor_ms=self.floor_ms,
-            starving=waiting > 0,
-            now=now,
-            changed_at=self._changed_at,
-        )
-        if wait_ms == self.wait_ms:
+        before = self._wait
+        self._wait = next_wait(before, floor_ms=self.floor_ms, starving=waiting > 0, now=now)
+        if self._wait.wait_ms == before.wait_ms:
             return
-        if wait_ms > self.wait_ms:
+        if self._wait.wait_ms > before.wait_ms:
             logger.warning(
                 "the broker answered fetches empty for %.0f ms although %d records wait; "
-                "fetch wait raised from %d to %d ms (halved again after %.0f s)",
-                1000 * (now - max(self._read_at, self._changed_at)),
+                "fetch wait raised from %d to %d ms (tried lower again after %.0f s)",
+                1000 * (now - max(self._read_at, before.changed_at)),
                 waiting,
-                self.wait_ms,
-                wait_ms,
-                RELAX_AFTER_S,
+                before.wait_ms,
+                self._wait.wait_ms,
+                self._wait.relax_after_s,
             )
         else:
-            logger.info("fetch wait lowered to %d ms", wait_ms)
-        self.wait_ms, self._changed_at = wait_ms, now
-        set_fetch_wait(self.consumer, wait_ms)
+            logger.info("fetch wait lowered to %d ms", self._wait.wait_ms)
+        set_fetch_wait(self.consumer, self._wait.wait_ms)
         if self._on_change is not None:
-            self._on_change(wait_ms)
+            self._on_change(self._wait.wait_ms)
