@@ -18,7 +18,7 @@ single server). Each call of :data:`APPLY_SETS_LUA`
 Redis runs each call atomically and each call stays in one slot, so a replay, a retry of any
 subset of a batch's calls, or a producer's duplicate applies exactly the entries not applied
 before, and batches commute (so two may be in flight). No state is kept per partition or
-offset: a rebalance, an offset reset or a recreated topic needs nothing (docs/streams.md).
+offset: a rebalance, an offset reset or a recreated topic needs nothing (docs/streams-idempotence.md).
 """
 
 from __future__ import annotations

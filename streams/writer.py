@@ -192,7 +192,7 @@ def assemble(
     counted: the bucket has already expired), category field or "", ``i`` = per item entry
     marker PXAT ms, item fine, item coarse bucket index, item id. Both lists are flat
     (``USER_ENTRY`` / ``ITEM_ENTRY`` values per entry): a list per entry cost Redis' JSON decoder
-    one Lua table per event (docs/streams.md). Integers that may exceed
+    one Lua table per event (docs/streams-idempotence.md). Integers that may exceed
     Lua's 14 significant digits travel as strings. The item marker lives until the event's
     last live item bucket expires (a replay after that counts nothing anyway) or the dedupe
     window ends, whichever is first.

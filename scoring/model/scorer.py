@@ -7,7 +7,7 @@ against one history per request, on the inference runtime chosen for the worker.
   here (no C++ compiler, no onnxruntime, no graph published) falls back to eager with an error
   logged; one that disagrees with eager on the probe refuses the version (ArtifactError).
 * ``dense="int8"``: the attention unit with int8 weights (torch's dynamic quantisation); the
-  product term and the head stay fp32 (docs/benchmarks.md). A dynamic range spans its whole
+  product term and the head stay fp32 (docs/benchmarks-model.md). A dynamic range spans its whole
   input, so the int8 forward runs one request at a time on its *valid* events and candidates
   only: the served scores equal an offline scoring with the same option (tested).
 

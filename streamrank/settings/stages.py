@@ -72,7 +72,7 @@ class FeatureSettings(Section):
         description="How the features worker's batch script makes replays and duplicate "
         "event ids harmless: 'id_sets' (one event-id set per slot group and dedupe generation, "
         "counter increments summed per batch in the worker) or 'markers' (the previous "
-        "contract: a SET NX marker per event and side, summed in Lua); docs/streams.md.",
+        "contract: a SET NX marker per event and side, summed in Lua); docs/streams-idempotence.md.",
     )
     item_cache_s: float = Field(
         1.0,
@@ -162,7 +162,7 @@ class ScoringSettings(Section):
         description="torch intra-op threads per process. Keep 1 and scale with worker "
         "processes, at most one per core left free by Redis, the broker and the rest of the host: "
         "the forward's ops are too small to gain from a second thread, which only costs hand-overs "
-        "(docs/benchmarks.md, 'Model cost').",
+        "(docs/benchmarks-model.md).",
     )
     torch_interop_threads: int = Field(
         1,
@@ -174,7 +174,7 @@ class ScoringSettings(Section):
         description="How the scoring worker serves the DIN's dense weights: fp32 (as trained) or "
         "int8 (torch dynamic quantisation of the attention unit's Linear layers; the head stays "
         "fp32). int8 keeps the AUC but is slower for one request at these layer sizes, so fp32 "
-        "is the default (docs/benchmarks.md, 'Model cost'). `streamrank replay` scores offline "
+        "is the default (docs/benchmarks-model.md). `streamrank replay` scores offline "
         "with the same option.",
     )
     runtime: Literal["compiled", "eager", "onnx"] = Field(
@@ -184,7 +184,7 @@ class ScoringSettings(Section):
         "architecture before the version takes traffic), eager (torch op by op) or onnx (ONNX "
         "Runtime on the graph exported at publish; needs streamrank[onnx]). All three score "
         "within 1e-5 of eager, checked when a version loads; one that cannot run falls back to "
-        "eager with an error logged (docs/model.md, 'Inference runtimes').",
+        "eager with an error logged (docs/runtimes.md).",
     )
     retain_freed_mb: int = Field(
         256,

@@ -72,7 +72,7 @@ EMBEDDINGS: dict[str, Any] = {
     "lookup_p50_us": 612.3,
     "lookup_p99_us": 1021.7,
 }  # fmt: skip
-# docs/benchmarks.md, "Feature streams", the first quiet-machine run of 2026-11-29.
+# docs/benchmarks-streams.md, the first quiet-machine run of 2026-11-29.
 STREAMS: dict[str, Any] = {
     "events": 200000, "users": 10000, "features_path": "batch", "batch_size": 2000,
     "produce_per_s": 70337.6, "raw_consume_per_s": 187638.8, "events_per_s": 59797.5,

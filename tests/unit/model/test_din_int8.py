@@ -14,7 +14,7 @@ from scoring.model.scorer import DinScorer
 SPEC = ModelSpec()
 D = SPEC.item_dim
 # On the trained ml-100k model int8 attention weights moved a click probability by 0.023 at most
-# (mean 0.0006) over the 943 test users (docs/benchmarks.md); these perturbed random weights and
+# (mean 0.0006) over the 943 test users (docs/benchmarks-model.md); these perturbed random weights and
 # inputs stay under 0.02.
 TOLERANCE = 0.02
 
