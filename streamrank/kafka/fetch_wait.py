@@ -98,6 +98,7 @@ class FetchWait:
         self.floor_ms = floor_ms
         self._wait = Wait(floor_ms, changed_at=time.monotonic())
         self._read_at = self._wait.changed_at
+        self._highest_ms = floor_ms
         self._listed_at = float("-inf")
         self._on_change = on_change
         if on_change is not None:
@@ -118,10 +119,11 @@ class FetchWait:
             probe_ms = min(left_ms, max(10, PROBE_ROUNDS * self.wait_ms))
             got = await self.consumer.getmany(timeout_ms=probe_ms, max_records=max_records)
             now = time.monotonic()
+            stalled = now - max(self._read_at, self._wait.changed_at) >= stall_limit_s(self.wait_ms)
+            if stalled and not got:  # records that arrived as the probe timed out are not a stall
+                got = await self.consumer.getmany(timeout_ms=0, max_records=max_records)
             if got:
                 self._read_at = now
-            since = max(self._read_at, self._wait.changed_at)
-            stalled = now - since >= stall_limit_s(self.wait_ms)
             self._observe(now, waiting=await self._waiting() if stalled and not got else 0)
             if got or now >= deadline:
                 return got
@@ -155,7 +157,11 @@ class FetchWait:
         if self._wait.wait_ms == before.wait_ms:
             return
         if self._wait.wait_ms > before.wait_ms:
-            logger.warning(
+            # Warn at a new high; a raise back to a wait already needed once is routine.
+            level = logging.WARNING if self._wait.wait_ms > self._highest_ms else logging.INFO
+            self._highest_ms = max(self._highest_ms, self._wait.wait_ms)
+            logger.log(
+                level,
                 "the broker answered fetches empty for %.0f ms although %d records wait; "
                 "fetch wait raised from %d to %d ms (tried lower again after %.0f s)",
                 1000 * (now - max(self._read_at, before.changed_at)),
