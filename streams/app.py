@@ -31,6 +31,7 @@ import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from streamrank.kafka import guard as kafka_guard
+from streamrank.kafka.fetch_wait import FetchWait, set_fetch_wait
 from streamrank.runtime import group_metrics, groups
 from streamrank.settings import KafkaSettings, Settings
 from streams.classify import Record
@@ -65,19 +66,45 @@ def mark_processing(monitor: Any, messages: Sequence[Any], *, now: float) -> Non
 
 
 class FeaturesConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
-    """Faust's consumer thread with a short broker fetch wait (Faust hard-codes 1500 ms) and our
+    """Faust's consumer thread with a short broker fetch wait (Faust hard-codes 1500 ms), raised
+    while the broker starves it (:class:`~streamrank.kafka.fetch_wait.FetchWait`), and our
     isolation level (Faust reads uncommitted unless the app itself is transactional)."""
+
+    _fetch_wait: FetchWait | None = None
 
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
-        consumer._fetch_max_wait_ms = self.app.fetch_max_wait_ms  # type: ignore[attr-defined]
+        floor_ms: int = self.app.fetch_max_wait_ms  # type: ignore[attr-defined]
+        set_fetch_wait(consumer, floor_ms)
         consumer._isolation_level = self.app.isolation_level  # type: ignore[attr-defined]
+        on_change = self.app.on_fetch_wait  # type: ignore[attr-defined]
+        self._fetch_wait = FetchWait(consumer, floor_ms=floor_ms, on_change=on_change)
         logger.info(
             "features consumer: isolation_level %s, fetch_max_wait_ms %s",
             consumer._isolation_level,
-            consumer._fetch_max_wait_ms,
+            floor_ms,
         )
         return consumer
+
+    async def _fetch_records(
+        self,
+        consumer: Any,
+        active_partitions: Any,
+        timeout: float | None = None,  # noqa: ASYNC109 (Faust's signature)
+        max_records: int | None = None,
+    ) -> Any:
+        fetch_wait = self._fetch_wait
+        parent = super()._fetch_records
+        if fetch_wait is None or fetch_wait.consumer is not consumer:
+            return await parent(consumer, active_partitions, timeout, max_records)
+
+        async def fetch(probe_ms: int) -> Any:
+            if not self.consumer.flow_active:  # rebalancing: Faust answers empty at once
+                await asyncio.sleep(probe_ms / 1000)
+                return {}
+            return await parent(consumer, active_partitions, probe_ms / 1000, max_records)
+
+        return await fetch_wait.read(fetch, timeout_ms=int(1000 * (timeout or 0)))
 
 
 class FeaturesConsumer(faust_aiokafka.Consumer):
@@ -158,6 +185,7 @@ class FeaturesApp(faust.App):
     batch_handler: BatchHandler
     on_lag: LagHandler | None = None
     on_commit: CommitHandler | None = None
+    on_fetch_wait: Callable[[int], None] | None = None  # the consumer's fetch wait in ms
     use_batch_path: bool = True
     fetch_max_wait_ms: int = 10
     isolation_level: str = "read_committed"

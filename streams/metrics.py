@@ -96,6 +96,13 @@ class FeatureMetrics(GroupMetrics):
             "Now minus the event time of the newest event of the last applied batch.",
             registry=r,
         )
+        self.fetch_wait = Gauge(
+            f"{p}_fetch_wait_seconds",
+            "The wait the clicks consumer asks the broker to hold a fetch: "
+            "features_fetch_max_wait_ms, raised while the broker answers fetches empty although "
+            "clicks wait.",
+            registry=r,
+        )
         self.retries = Counter(
             f"{p}_retries",
             "Batch retries because Redis or Kafka did not answer.",

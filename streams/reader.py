@@ -215,19 +215,20 @@ class ItemReads:
 
 
 async def read_user_features(
-    settings: Settings, user_id: str, *, as_of_ms: int | None = None
+    settings: Settings, user_id: str, *, as_of_ms: int | None = None, redis: Any = None
 ) -> dict[str, Any]:
     """``{"user_id", "as_of", "sequence": [...] (oldest first), "counters": {...},
     "attributes": {...}}`` of one user as of ``as_of_ms`` (default now): the events before
-    it, the closed windows."""
+    it, the closed windows; through ``redis`` (default: a client opened for this call)."""
     as_of = clock.now_ms() if as_of_ms is None else as_of_ms
-    client = redis_client(settings.redis)
+    client = redis_client(settings.redis) if redis is None else redis
     try:
         reader = FeatureReader(redis=client, features=settings.features)
         query = FeatureQuery(user_id, as_of, ())
         (found,) = await reader.read_batch([query], counters=True, attributes=True)
     finally:
-        await client.aclose()
+        if redis is None:
+            await client.aclose()
     user = found.user
     return {
         "user_id": user_id,

@@ -40,6 +40,7 @@ def serve(settings: Settings, *, metrics_port: int | None = None) -> int:
     app = create_app(settings, handler=processor.process)
     app.on_lag = metrics.set_lag
     app.on_commit = metrics.committed
+    app.on_fetch_wait = lambda ms: metrics.fetch_wait.set(ms / 1000)
     watch_membership(app, settings=settings, metrics=metrics, health_=health)
 
     async def loop_lag() -> None:

@@ -32,6 +32,7 @@ import numpy as np
 
 from schemas import ClickEvent, RankRequest
 from streamrank import clock
+from streamrank.errors import RedisUnavailable
 from streamrank.kafka import clients as kafka
 from streamrank.redis.client import redis_client
 from streamrank.settings import Settings
@@ -260,10 +261,16 @@ class Dashboard:
             self._live.stop()
 
 
-async def _show_features(settings: Settings, user: str) -> None:
+async def _show_features(settings: Settings, redis: Any, user: str) -> None:
+    """The watched user's sequence and counters; a Redis that does not answer in time (a
+    loaded host) is said and tried again at the next refresh."""
     from streams.reader import read_user_features
 
-    features = await read_user_features(settings, user)
+    try:
+        features = await read_user_features(settings, user, redis=redis)
+    except RedisUnavailable as exc:
+        print(f"features: user {user}: no read ({exc})", flush=True)
+        return
     newest = [e["item_id"] for e in features["sequence"][-5:]]
     counters = features["counters"]
     print(
@@ -422,7 +429,8 @@ async def _produce_and_watch(
     click_producer, request_producer = producers
     clicks = dataset_clicks(model.dataset, run=f"demo-{uuid.uuid4().hex[:6]}")
     requests = rank_requests(model.dataset)
-    async with RankClient(settings=settings) as client:
+    redis = redis_client(settings.redis)
+    async with RankClient(settings=settings) as client, contextlib.aclosing(redis):
         started = time.monotonic()
         produced = asked = 0
         next_show = started + every_s
@@ -441,7 +449,7 @@ async def _produce_and_watch(
                         await dashboard.refresh()
                     else:
                         print(f"clicks: {produced} produced, {asked} rank requests", flush=True)
-                        await _show_features(settings, watched[0])
+                        await _show_features(settings, redis, watched[0])
                         user, items, later = watched
                         await _show_rank(client, user, items, later)
                         await _show_rank(client, user, None, later)

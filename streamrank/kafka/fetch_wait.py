@@ -19,7 +19,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ MAX_RELAX_AFTER_S = 600.0  # the longest a raised wait holds before it is tried 
 PROBE_ROUNDS = 5  # fetch waits per getmany probe (how often starving is looked for)
 
 Batches = dict[TopicPartition, list[ConsumerRecord[Any, Any]]]
+Fetch = Callable[[int], Awaitable[Batches]]  # fetched records within a timeout in ms
 
 
 def stall_limit_s(wait_ms: int) -> float:
@@ -112,16 +113,25 @@ class FetchWait:
     async def getmany(self, *, timeout_ms: int, max_records: int | None = None) -> Batches:
         """What ``consumer.getmany`` returns within ``timeout_ms``, read in probes of
         :data:`PROBE_ROUNDS` fetch waits; the wait is adjusted after each."""
+
+        def fetch(probe_ms: int) -> Awaitable[Batches]:
+            return self.consumer.getmany(timeout_ms=probe_ms, max_records=max_records)
+
+        return await self.read(fetch, timeout_ms=timeout_ms)
+
+    async def read(self, fetch: Fetch, *, timeout_ms: int) -> Batches:
+        """What ``fetch(probe_ms)`` (a read of the consumer's fetched records within
+        ``probe_ms``: ``getmany``, or a framework's own) returns within ``timeout_ms``."""
         self._read_at = time.monotonic()  # a stall counts from this call or the last read
         deadline = self._read_at + timeout_ms / 1000
         while True:
             left_ms = max(0, int((deadline - time.monotonic()) * 1000))
             probe_ms = min(left_ms, max(10, PROBE_ROUNDS * self.wait_ms))
-            got = await self.consumer.getmany(timeout_ms=probe_ms, max_records=max_records)
+            got = await fetch(probe_ms)
             now = time.monotonic()
             stalled = now - max(self._read_at, self._wait.changed_at) >= stall_limit_s(self.wait_ms)
             if stalled and not got:  # records that arrived as the probe timed out are not a stall
-                got = await self.consumer.getmany(timeout_ms=0, max_records=max_records)
+                got = await fetch(0)
             if got:
                 self._read_at = now
             self._observe(now, waiting=await self._waiting() if stalled and not got else 0)

@@ -235,3 +235,37 @@ async def test_worker_applies_forwards_and_dead_letters(
     finally:
         code = worker.stop()
     assert code == 0 or not worker.alive()
+
+
+async def test_a_fetch_wait_the_broker_starves_is_raised_until_clicks_apply(
+    make_settings, unique, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    # The embedded broker answers a fetch held 0 ms empty however many records wait: the
+    # starvation a loaded broker shows at the default 10 ms.
+    port = free_port()
+    settings = make_settings(
+        STREAMRANK_FEATURES_APP_ID=f"features-{unique}",
+        STREAMRANK_FEATURES_FETCH_MAX_WAIT_MS=0,
+    )
+    worker = start_worker("features", settings, log_path=tmp_path / "worker.log", metrics_port=port)
+    try:
+        await asyncio.to_thread(worker.wait_ready, 60)
+        now = int(time.time() * 1000)
+        users = [f"u{i}-{unique}" for i in range(5)]
+        clicks = [
+            (users[i % 5].encode(), click(f"{unique}-{i:04d}", users[i % 5], f"i{i}", now - i))
+            for i in range(200)
+        ]
+        await produce(settings, clicks)
+
+        async def all_applied() -> bool:
+            members = await sequence_members(settings, users)
+            return sum(len(m) for m in members.values()) == 200
+
+        await poll(all_applied, timeout_s=30, what="all 200 clicks in the sequences")
+        samples = await asyncio.to_thread(scrape, port)
+        assert metric(samples, "streamrank_features_fetch_wait_seconds") > 0
+    finally:
+        worker.stop()
+    log = (tmp_path / "worker.log").read_text()
+    assert "fetch wait raised from 0 to" in log, log

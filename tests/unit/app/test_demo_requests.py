@@ -19,3 +19,20 @@ def test_demo_traffic_mixes_candidate_requests_and_retrieval_requests() -> None:
     assert all(len(r.items) == len(set(r.items)) == CANDIDATES for r in scored)
     assert {r.user_id for r in requests} <= {"u1", "u2", "u3"}
     assert len({r.request_id for r in requests}) == 40
+
+
+async def test_the_watch_says_when_redis_does_not_answer_and_goes_on(capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from streamrank.redis.client import redis_client
+    from streamrank.settings import Settings
+    from workbench.demo import _show_features
+    from workbench.devstack.services import free_port
+
+    monkeypatch.setenv("STREAMRANK_REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
+    settings = Settings()
+    redis = redis_client(settings.redis)
+    try:
+        await _show_features(settings, redis, "u1")  # nothing listens there: refused
+    finally:
+        await redis.aclose()
+    out = capsys.readouterr().out
+    assert out.startswith("features: user u1: no read (Redis did not answer the feature read"), out
