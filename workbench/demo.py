@@ -180,9 +180,11 @@ def pick_user_and_items(
     )
     last = np.zeros(len(names), dtype=np.int64)
     np.maximum.at(last, inverse, np.arange(len(early)))
-    # Someone whose clicks are spread over the window and do not overflow the sequence at once
-    # (MovieLens users often rate hundreds of films in one sitting): the sequence visibly fills.
-    spread = np.where((counts >= 5) & (counts <= max_events), last - first, -1)
+    # Someone who clicks within the first seconds, whose clicks are spread over the window and do
+    # not overflow the sequence at once (MovieLens users often rate hundreds of films in one
+    # sitting): the sequence visibly fills soon after the clicks start.
+    eligible = (counts >= 5) & (counts <= max_events) & (first < max(horizon // 10, 1))
+    spread = np.where(eligible, last - first, -1)
     pick = int(np.argmax(spread)) if spread.max() > 0 else int(np.argmax(counts))
     user = str(names[pick])
     mine = rows[ds.user_ids[rows] == user]

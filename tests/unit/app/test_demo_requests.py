@@ -36,3 +36,17 @@ async def test_the_watch_says_when_redis_does_not_answer_and_goes_on(capsys, mon
         await redis.aclose()
     out = capsys.readouterr().out
     assert out.startswith("features: user u1: no read (Redis did not answer the feature read"), out
+
+
+def test_the_watched_user_clicks_within_the_first_tenth_of_the_window() -> None:
+    from scoring.training.data import time_order
+    from scoring.training.synthetic import generate
+    from workbench.demo import pick_user_and_items
+
+    ds = generate(n_users=300, n_items=2000, seed=5)
+    user, items, positives = pick_user_and_items(ds, horizon=6000, max_events=50)
+    rows = time_order(ds)[:6000]
+    mine = np.flatnonzero(ds.user_ids[rows] == user)
+    assert mine[0] < 600, "the sequence must start filling in the watch's first seconds"
+    assert 5 <= len(mine) <= 50
+    assert len(items) == len(set(items)) == CANDIDATES and positives <= set(items)
