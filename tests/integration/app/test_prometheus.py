@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -117,7 +118,11 @@ async def test_prometheus_scrapes_both_workers_and_answers_queries(
         await redis.aclose()
     items = item_ids(tiny_artifacts[0])[:5]
     async with RankClient(settings=settings) as client:
-        await client.rank("warm-up", items, timeout=60)
+        # the version takes traffic once its forward is compiled: until then replies degrade
+        deadline = time.monotonic() + 90
+        while (await client.rank("warm-up", items, timeout=60)).degraded:
+            assert time.monotonic() < deadline, "the worker never served the published version"
+            await asyncio.sleep(0.2)
         # `streamrank top` over a window with traffic: its figures come from the same /metrics
         top = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "workbench.cli", "top", "--once", "--every", "5", "--json",
@@ -138,7 +143,7 @@ async def test_prometheus_scrapes_both_workers_and_answers_queries(
     assert shown["up"] == {"features": 1, "scoring": 1}
     assert shown["scoring"]["requests_per_s"] > 0 and shown["scoring"]["p99_ms"] > 0
     assert shown["features"]["clicks_applied_per_s"] > 0
-    assert shown["scoring"]["stage_mean_ms"]["forward"] > 0, shown
+    assert (shown["scoring"]["stage_mean_ms"]["forward"] or 0) > 0, shown
     assert list(shown["scoring"]["models"]) == [await current_version(settings)]
     assert set(shown["lag"]) == {"features", "scoring"}
 
