@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -119,10 +118,10 @@ async def test_prometheus_scrapes_both_workers_and_answers_queries(
     items = item_ids(tiny_artifacts[0])[:5]
     async with RankClient(settings=settings) as client:
         # the version takes traffic once its forward is compiled: until then replies degrade
-        deadline = time.monotonic() + 90
-        while (await client.rank("warm-up", items, timeout=60)).degraded:
-            assert time.monotonic() < deadline, "the worker never served the published version"
-            await asyncio.sleep(0.2)
+        async def served() -> bool:
+            return not (await client.rank("warm-up", items, timeout=60)).degraded
+
+        await poll(served, timeout_s=90, what="the worker serving the published version")
         # `streamrank top` over a window with traffic: its figures come from the same /metrics
         top = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "workbench.cli", "top", "--once", "--every", "5", "--json",
