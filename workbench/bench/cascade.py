@@ -287,12 +287,8 @@ def run_config(
 
 def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     resolve_args(args)
-    started, before = time.perf_counter(), os.getloadavg()
+    started = time.perf_counter()
     with private_stack(settings) as stack_settings:
         result = asyncio.run(_run(args, stack_settings))
-    result["host"] = {
-        "loadavg_before": [round(v, 2) for v in before],
-        "loadavg_after": [round(v, 2) for v in os.getloadavg()],
-        "run_s": round(time.perf_counter() - started, 1),
-    }
+    result["host"] = {"run_s": round(time.perf_counter() - started, 1)}
     return result

@@ -16,7 +16,6 @@ scored (``new_items_cold_start_share``: by its attributes, not the OOV row).
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import time
 import uuid
@@ -109,7 +108,6 @@ async def _bench(settings: Settings, args: argparse.Namespace, work: Path) -> di
     from workbench.datasets import movielens_dir
 
     started = time.perf_counter()
-    load_before = os.getloadavg()
     ds = load_movielens(movielens_dir(settings.tools))
     plan = plan_loop(ds, split=args.split, days=args.days, request_share=args.request_share,
                      seed=args.seed)  # fmt: skip
@@ -175,10 +173,6 @@ async def _bench(settings: Settings, args: argparse.Namespace, work: Path) -> di
             "clicks": len(plan.events),
             "requests": sum(e.request for e in plan.events),
             "new_items": len(plan.new_items()),
-        },
-        "load_average": {
-            "before": [round(x, 2) for x in load_before],
-            "after": [round(x, 2) for x in os.getloadavg()],
         },
         "seconds_total": round(time.perf_counter() - started, 1),
     }

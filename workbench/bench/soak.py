@@ -7,7 +7,8 @@ scoring worker (processes):
    backlog of requests queued at once, and the features worker's drain rate of a backlog of
    clicks (which also fills every user's sequence);
 2. the combined capacity (:mod:`workbench.bench.soak_capacity`): both loads at once, in the
-   proportions of the two maxima, at rising levels until the workers fall behind;
+   proportions of the two maxima, at rising levels until the workers fall behind or the p99
+   leaves the ranking budget;
 3. clicks and requests at ``--fraction`` (0.6) of the combined capacity for ``--minutes``,
    from the load driver (``streamrank bench drive``, a process of its own, recording every
    reply);
@@ -43,7 +44,7 @@ from streamrank import clock, keys
 from streamrank.kafka import clients as kafka
 from streamrank.kafka.topics import create_topics
 from streamrank.redis.client import redis_client
-from streamrank.settings import Settings
+from streamrank.settings import ScoringSettings, Settings
 from workbench.bench.drive import Run, load_run
 from workbench.bench.loadgen import Driver, make_requests
 from workbench.bench.scoring import publish_synthetic
@@ -68,6 +69,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--probe-s", type=float, default=30.0, help="seconds per combined-capacity level"
+    )
+    parser.add_argument(
+        "--p99-budget-ms",
+        type=float,
+        default=ScoringSettings().budget_ms,
+        help="p99 a combined-capacity level must keep (default: the scoring worker's default "
+        "deadline)",
     )
     parser.add_argument("--click-rate", type=float, help="clicks/s (default: fraction x max)")
     parser.add_argument("--request-rate", type=float, help="requests/s (default: fraction x max)")
@@ -219,7 +227,8 @@ async def _soak(
         items = run_dir / "items.txt"
         items.write_text("".join(f"i{n}\n" for n in range(args.items)))
         probe = Probe(settings=s, items_file=items, run_dir=run_dir, users=args.users,
-                      candidates=args.candidates, seconds=args.probe_s)  # fmt: skip
+                      candidates=args.candidates, seconds=args.probe_s,
+                      p99_budget_ms=args.p99_budget_ms)  # fmt: skip
         click_rate, request_rate, combined = await soak_rates(
             probe, args, max_clicks=max_clicks, max_requests=max_requests
         )

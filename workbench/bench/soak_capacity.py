@@ -6,8 +6,11 @@ the two maxima together are more than the host has. A level ``x`` offers ``x`` t
 maximum at once for ``probe_s`` (one ``bench drive`` process); it keeps up when, at the end of
 its sends, neither group is more than :data:`LAG_SLACK_S` seconds (a tenth of a shorter probe)
 of its offered rate behind,
-every request is answered within the drain and at most :data:`DEGRADED_SLACK` of the replies
-are degraded (an overloaded worker answers "expired" quickly: answered, but not served). The combined capacity is the highest level
+every request is answered within the drain, at most :data:`DEGRADED_SLACK` of the replies
+are degraded (an overloaded worker answers "expired" quickly: answered, but not served) and the
+p99 send-to-reply latency, past the probe's first :data:`WARMUP_SHARE`, is within the ranking
+budget (``--p99-budget-ms``, the scoring worker's default deadline): a worker that keeps up only
+by queueing seconds of requests is not serving them. The combined capacity is the highest level
 that keeps up; the soak runs at a fraction of it.
 """
 
@@ -24,14 +27,16 @@ from typing import Any
 import numpy as np
 
 from streamrank.settings import Settings
-from workbench.bench.drive import load_run
+from workbench.bench.drive import Run, load_run
 from workbench.devstack.processes import start_command
 
 logger = logging.getLogger(__name__)
 
-LEVELS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)  # shares of each path's own maximum
+# shares of each path's own maximum
+LEVELS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 LAG_SLACK_S = 3.0  # seconds of offered load a group may be behind and still keep up
 DEGRADED_SLACK = 0.01  # share of a probe's replies that may be degraded (e.g. expired)
+WARMUP_SHARE = 0.2  # first share of a probe's sends left out of its p99 (clients connecting)
 Lags = Callable[[Settings], Awaitable[dict[str, int]]]
 
 
@@ -45,11 +50,27 @@ class Probe:
     users: int
     candidates: int
     seconds: float
+    p99_budget_ms: float
 
 
 def served(*, replies: int, degraded: int) -> bool:
     """At most :data:`DEGRADED_SLACK` of the replies degraded."""
     return degraded <= DEGRADED_SLACK * replies
+
+
+def within_budget(p99_ms: float | None, *, budget_ms: float) -> bool:
+    """The probe's p99 (``None`` when no request was answered) at most ``budget_ms``."""
+    return p99_ms is not None and p99_ms <= budget_ms
+
+
+def p99_after_warmup(run: Run, *, seconds: float) -> float | None:
+    """p99 send-to-reply latency of the requests sent after the first :data:`WARMUP_SHARE` of
+    the probe; ``None`` when none of them was answered."""
+    if not run.requests:
+        return None
+    since_ms = min(r["sent_ms"] for r in run.requests) + int(WARMUP_SHARE * seconds * 1000)
+    latencies = run.latencies_ms(since_ms)
+    return round(float(np.percentile(latencies, 99)), 2) if latencies.size else None
 
 
 def keeps_up(
@@ -88,6 +109,7 @@ async def probe_level(
         driver.stop(timeout_s=20)
     run = load_run(out)
     latencies = run.latencies_ms()
+    p99_ms = p99_after_warmup(run, seconds=probe.seconds)
     unanswered = len(run.unanswered())
     replies = run.first_replies()
     degraded = sum(1 for reply in replies.values() if reply["degraded"])
@@ -98,9 +120,11 @@ async def probe_level(
         "lag_at_end_of_sends": lag,
         "unanswered": unanswered,
         "degraded": degraded,
-        "p99_ms": round(float(np.percentile(latencies, 99)), 2) if latencies.size else None,
+        "p50_ms": round(float(np.percentile(latencies, 50)), 2) if latencies.size else None,
+        "p99_ms": p99_ms,
         "keeps_up": unanswered == 0
         and served(replies=len(replies), degraded=degraded)
+        and within_budget(p99_ms, budget_ms=probe.p99_budget_ms)
         and keeps_up(lag, click_rate=click_rate, request_rate=request_rate, probe_s=probe.seconds),
     }
 
@@ -128,6 +152,7 @@ async def combined_capacity(
         "level": best,
         "clicks_per_s": round(best * max_clicks, 1),
         "requests_per_s": round(best * max_requests, 1),
+        "p99_budget_ms": probe.p99_budget_ms,
         "probes": probes,
     }
 

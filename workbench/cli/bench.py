@@ -2,12 +2,14 @@
 run. Each lives in :mod:`workbench.bench` and exposes ``add_arguments(parser)`` and
 ``run(args, settings) -> dict``; this module only dispatches (a benchmark is imported when it
 runs, so ``streamrank`` starts without torch) and gives every one ``--json`` and ``--out PATH``
-(the result also written to a file, which ``streamrank bench report`` draws figures from)."""
+(the result also written to a file, which ``streamrank bench report`` draws figures from), and
+records the host's load average before and after each run in the result."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -145,6 +147,11 @@ def bench_parser(name: str) -> argparse.ArgumentParser:
     return parser
 
 
+def load_average() -> list[float]:
+    """The host's 1, 5 and 15 minute load averages: how quiet the machine was for a figure."""
+    return [round(v, 2) for v in os.getloadavg()]
+
+
 def write_result(path: Path, result: dict[str, Any]) -> None:
     """The result as indented JSON at ``path`` (its folder created), written whole or not at all."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -158,7 +165,9 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     bench_args = bench_parser(args.bench).parse_args(args.bench_args)
     if bench_args.out is not None:  # a bad path fails now, not after a long run
         bench_args.out.parent.mkdir(parents=True, exist_ok=True)
+    before = load_average()
     result = BENCHMARKS[args.bench][0]().run(bench_args, settings)
+    result["load_average"] = {"before": before, "after": load_average()}
     if bench_args.json:
         print_json(result)
     else:

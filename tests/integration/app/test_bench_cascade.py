@@ -33,4 +33,4 @@ def test_bench_cascade_quick() -> None:
         assert hit["answered"] == hit["sent"] and hit["cached_share"] > 0.5, hit
         assert hit["hit_worker_ms"]["p50_ms"] > 0
     assert len(out["goals"]) == 3 and all(isinstance(v, bool) for v in out["goals"].values())
-    assert len(out["host"]["loadavg_before"]) == 3
+    assert len(out["load_average"]["before"]) == len(out["load_average"]["after"]) == 3

@@ -11,6 +11,8 @@ import sys
 import orjson
 import pytest
 
+from workbench.bench.soak_capacity import LEVELS
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 GOALS = {
@@ -24,10 +26,11 @@ GOALS = {
 
 def test_bench_soak_short() -> None:
     # A quarter of the combined capacity (both loads at once, short probes): what is checked here
-    # must hold at any load the machine sustains; the load itself is the full run's business.
+    # must hold at any load the machine sustains; the load itself is the full run's business (so
+    # the latency a level must keep is loose here).
     args = ["--minutes", "1", "--window-s", "20", "--ttl-s", "10", "--items", "2000",
             "--backlog-clicks", "5000", "--backlog-requests", "300", "--fraction", "0.25",
-            "--probe-s", "8"]  # fmt: skip
+            "--probe-s", "8", "--p99-budget-ms", "5000"]  # fmt: skip
     result = subprocess.run(
         [sys.executable, "-m", "workbench.cli", "bench", "soak", *args, "--json"],
         env=dict(os.environ),
@@ -50,7 +53,7 @@ def test_bench_soak_short() -> None:
         assert window["redis_used_memory_mb"] > 0 and set(window["lag"]) == {"features", "scoring"}
     assert out["max_clicks_per_s"] > 0 and out["max_requests_per_s"] > 0
     combined = out["combined_capacity"]
-    assert 0 < combined["level"] <= 1 and combined["probes"][0]["level"] == 0.2
+    assert 0 < combined["level"] <= 1 and combined["probes"][0]["level"] == LEVELS[0]
     kept = [p["level"] for p in combined["probes"] if p["keeps_up"]]
     assert max(kept) == combined["level"]  # the highest level that kept up
     assert not combined["probes"][-1]["keeps_up"] or combined["level"] == 1.0

@@ -37,3 +37,25 @@ def test_write_result_writes_the_json_whole_and_creates_its_folder(tmp_path: Pat
         "latency": {"200": {"p99_ms": 48.74}},
     }
     assert [p.name for p in path.parent.iterdir()] == ["scoring.json"]  # no temporary left
+
+
+def test_every_result_records_the_load_average_before_and_after_its_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+    import types
+
+    from workbench.cli import bench
+
+    loads = iter([(0.5, 0.25, 0.125), (1.75, 0.5, 0.25)])
+    monkeypatch.setattr(bench.os, "getloadavg", lambda: next(loads))
+    fake = types.SimpleNamespace(add_arguments=lambda parser: None,
+                                 run=lambda args, settings: {"max_rps": 1.0})  # fmt: skip
+    monkeypatch.setitem(bench.BENCHMARKS, "fake", (lambda: fake, "a benchmark for this test"))
+    out = tmp_path / "fake.json"
+    args = argparse.Namespace(bench="fake", bench_args=["--json", "--out", str(out)])
+    assert bench._run(args, settings=None) == 0  # type: ignore[arg-type]
+    expected = {"max_rps": 1.0, "load_average": {"before": [0.5, 0.25, 0.12],
+                                                  "after": [1.75, 0.5, 0.25]}}  # fmt: skip
+    assert orjson.loads(capsys.readouterr().out) == expected
+    assert orjson.loads(out.read_bytes()) == expected
