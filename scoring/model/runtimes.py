@@ -144,12 +144,23 @@ class CompiledForward:
 
 
 def _inference(tensor: Tensor) -> Tensor:
-    """``tensor`` as an inference tensor: the graphs are traced on them (what serving passes),
-    and a normal tensor would compile graphs of its own."""
-    if tensor.is_inference():
+    """``tensor`` as a contiguous inference tensor: the graphs are traced on them, and a normal
+    tensor, or a view with other strides (a request's rows of a padded batch), would compile
+    graphs of its own while serving."""
+    if tensor.is_inference() and _dense_strides(tensor):
         return tensor
     with torch.inference_mode():
-        return tensor.clone()
+        return tensor.clone(memory_format=torch.contiguous_format)
+
+
+def _dense_strides(tensor: Tensor) -> bool:
+    """Strides of a contiguous tensor of its shape, size-1 dimensions included (the graphs'
+    guards compare every stride; ``is_contiguous`` ignores those of size-1 dimensions)."""
+    expected, step = [], 1
+    for size in reversed(tensor.shape):
+        expected.append(step)
+        step *= size
+    return tensor.stride() == tuple(reversed(expected))
 
 
 def probe_inputs(pair: PairForward, batch: int) -> Probe:

@@ -13,7 +13,7 @@ What it writes under ``--records`` (read back with :func:`load_run`):
 * ``requests.jsonl``: ``{"request_id", "user_id", "sent_ms", "attempts"}`` per acknowledged
   request (``sent_ms`` = epoch ms of the first send);
 * ``replies.jsonl``: ``{"request_id", "received_ms", "latency_ms", "degraded", "reason",
-  "model_version", "served_at"}`` per reply received, duplicates included;
+  "model_version", "served_at", "timings_ms"}`` per reply received, duplicates included;
 * ``progress.json``: counts, rewritten every second while it runs.
 
 It stops after ``--seconds`` or on SIGTERM/SIGINT: no new sends, every pending send is
@@ -213,7 +213,8 @@ class LoadDriver:
                              "degraded": bool(reply.get("degraded")),
                              "reason": reply.get("reason"),
                              "model_version": reply.get("model_version", ""),
-                             "served_at": reply.get("served_at")}
+                             "served_at": reply.get("served_at"),
+                             "timings_ms": reply.get("timings_ms", {})}
                         )  # fmt: skip
 
     def answered(self) -> set[str]:

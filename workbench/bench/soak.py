@@ -44,7 +44,7 @@ from streamrank import clock, keys
 from streamrank.kafka import clients as kafka
 from streamrank.kafka.topics import create_topics
 from streamrank.redis.client import redis_client
-from streamrank.settings import ScoringSettings, Settings
+from streamrank.settings import CascadeSettings, Settings
 from workbench.bench.drive import Run, load_run
 from workbench.bench.loadgen import Driver, make_requests
 from workbench.bench.scoring import publish_synthetic
@@ -73,9 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--p99-budget-ms",
         type=float,
-        default=ScoringSettings().budget_ms,
-        help="p99 a combined-capacity level must keep (default: the scoring worker's default "
-        "deadline)",
+        default=CascadeSettings().budget_ms,
+        help="p99 a combined-capacity level must keep (default: the cascade's default deadline, "
+        "a whole request's ranking budget)",
     )
     parser.add_argument("--click-rate", type=float, help="clicks/s (default: fraction x max)")
     parser.add_argument("--request-rate", type=float, help="requests/s (default: fraction x max)")
@@ -92,6 +92,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--backlog-requests", type=int, default=2_000, help="for the scoring max")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--records",
+        type=Path,
+        metavar="DIR",
+        help="keep the run's records (every message and reply) and worker logs in DIR "
+        "(default: a temporary folder, removed after the run)",
+    )
 
 
 # --- process and Redis probes -----------------------------------------------------------------
@@ -340,9 +347,17 @@ def report(args: argparse.Namespace, per_minute: list[dict[str, Any]], run: Run,
     }
 
 
+@contextlib.contextmanager
+def run_folder(records: Path | None) -> Iterator[Path]:
+    """``records`` (created) when given, else a temporary folder removed afterwards."""
+    if records is not None:
+        records.mkdir(parents=True, exist_ok=True)
+        yield records
+        return
+    with tempfile.TemporaryDirectory(prefix="streamrank-soak-") as tmp:
+        yield Path(tmp)
+
+
 def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
-    with (
-        tempfile.TemporaryDirectory(prefix="streamrank-soak-") as tmp,
-        private_stack(Path(tmp) / "stack") as stack,
-    ):
-        return asyncio.run(_soak(args, settings, stack, Path(tmp)))
+    with run_folder(args.records) as run_dir, private_stack(run_dir / "stack") as stack:
+        return asyncio.run(_soak(args, settings, stack, run_dir))

@@ -9,7 +9,7 @@ of its offered rate behind,
 every request is answered within the drain, at most :data:`DEGRADED_SLACK` of the replies
 are degraded (an overloaded worker answers "expired" quickly: answered, but not served) and the
 p99 send-to-reply latency, past the probe's first :data:`WARMUP_SHARE`, is within the ranking
-budget (``--p99-budget-ms``, the scoring worker's default deadline): a worker that keeps up only
+budget (``--p99-budget-ms``, the cascade's default deadline): a worker that keeps up only
 by queueing seconds of requests is not serving them. The combined capacity is the highest level
 that keeps up; the soak runs at a fraction of it.
 """

@@ -128,3 +128,18 @@ def test_int8_dense_weights_report_their_own_runtime() -> None:
 def test_the_allocator_keeps_freed_memory_on_glibc() -> None:
     assert retain_freed_memory(0) is False  # 0: glibc's defaults, nothing changed
     assert retain_freed_memory(256) is True  # this host's C library is glibc
+
+
+def test_a_request_sliced_from_a_padded_batch_compiles_nothing_more() -> None:
+    # The per-request forward passes each request's rows as views of the batch's padded arrays
+    # (strided, not contiguous): they must run on the warmed-up graphs, not compile new ones.
+    net = _net(PLAIN, 4)
+    compiled = DinScorer(net, runtime="compiled")
+    hist, hist_mask, cands, cand_mask, _ = _inputs(PLAIN, 4, 60, 50, seed=5)
+    graphs = counters["stats"]["unique_graphs"]
+    for b, (h, c) in enumerate([(50, 60), (17, 60), (3, 41), (50, 9)]):
+        one = (hist[b : b + 1, :h], hist_mask[b : b + 1, :h], cands[b : b + 1, :c],
+               cand_mask[b : b + 1, :c])  # fmt: skip
+        want = DinScorer(net).score(*one)
+        assert np.abs(compiled.score(*one) - want).max() <= PROBE_TOLERANCE, (h, c)
+    assert counters["stats"]["unique_graphs"] == graphs
