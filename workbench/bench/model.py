@@ -8,6 +8,8 @@ runtime agrees with eager, times eager with glibc's default allocator first (bef
 worker's allocator settings apply: ``STREAMRANK_SCORING_RETAIN_FREED_MB``), and, with
 ``--straightforward``, the serving split against the straightforward :meth:`DIN.forward`
 (which repeats the history per candidate and builds ``[C, L, 4d]`` attention inputs).
+``gemm_floor`` times the eager forward's matrix products alone in the same rotation
+(:mod:`workbench.bench.gemm_floor`): the most any runtime calling the same kernels could gain.
 
 ``--compare-dense``: the serving split with fp32 dense weights against the same weights served
 as int8 (dynamic quantisation), timed the same way (alternating runs), and the test AUC of both
@@ -36,7 +38,10 @@ from scoring.model.scorer import DinScorer, runtime_forward
 from scoring.serving.wiring import configure_torch
 from streamrank.errors import ConfigError, RuntimeUnavailable
 from streamrank.settings import Settings
+from workbench.bench.gemm_floor import record_products, replay
 from workbench.devstack.cases import load_cases, newest_artifact, offline_scores, quality
+
+GEMM_FLOOR = "gemm_floor"  # the eager forward's matrix products alone
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -236,15 +241,20 @@ def _time_shape(
     b: int,
     args: Any,
 ) -> dict[str, Any]:
-    """Every runtime on one shape: req/s, ms per forward, ratio to eager, largest difference."""
+    """Every runtime on one shape (req/s, ms per forward, ratio to eager, largest difference),
+    and under ``GEMM_FLOOR`` the eager forward's matrix products alone, timed in the same
+    rotation."""
     hist, mask, cands = inputs
     calls = {
         name: functools.partial(f, hist, mask, cands, None, None) for name, f in forwards.items()
     }
+    products = record_products(calls["eager"])
     with torch.inference_mode():
         want = torch.sigmoid(calls["eager"]())
         diffs = {n: float((torch.sigmoid(fn()) - want).abs().max()) for n, fn in calls.items()}
-        times = _time_rotating(calls, seconds=args.seconds, repeats=args.repeats)
+        times = _time_rotating(
+            {**calls, GEMM_FLOOR: replay(products)}, seconds=args.seconds, repeats=args.repeats
+        )
     out: dict[str, Any] = {}
     for name, runs in times.items():
         ratios = [e / t for e, t in zip(times["eager"], runs, strict=True)]
@@ -252,8 +262,15 @@ def _time_shape(
             "forward_rps": round(b / statistics.median(runs), 1),
             "forward_ms": round(statistics.median(runs) * 1e3, 4),
             "vs_eager": round(statistics.median(ratios), 3),  # median of per-run eager/this
-            "max_abs_prob_diff": diffs[name],
         }
+        if name in diffs:
+            out[name]["max_abs_prob_diff"] = diffs[name]
+    flops = sum(call.flops for call in products)
+    out[GEMM_FLOOR] |= {
+        "products": len(products),
+        "mflop_per_forward": round(flops / 1e6, 3),
+        "gflop_per_s": round(flops / statistics.median(times[GEMM_FLOOR]) / 1e9, 1),
+    }
     return out
 
 
@@ -292,13 +309,16 @@ def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
         "retain_freed_mb": settings.scoring.retain_freed_mb,
         "eager_default_allocator": default_allocator,
         "runtimes": {name: {**setup[name], "shapes": {}} for name in runtimes},
+        GEMM_FLOOR: {"shapes": {}},
     }
     for b in args.batch:
         for c, length in shapes:
             timed = _time_shape(forwards, _shape_inputs(scorer, b, c, length), b, args)
             for name, figures in timed.items():
-                out["runtimes"][name]["shapes"][f"{b}x{c}x{length}"] = figures
+                entry = out[GEMM_FLOOR] if name == GEMM_FLOOR else out["runtimes"][name]
+                entry["shapes"][f"{b}x{c}x{length}"] = figures
     first = f"{args.batch[0]}x{shapes[0][0]}x{shapes[0][1]}"
+    out[GEMM_FLOOR]["vs_eager"] = out[GEMM_FLOOR]["shapes"][first]["vs_eager"]
     for name, entry in out["runtimes"].items():
         if name in forwards:  # the headline: the first batch size and shape
             entry["forward_rps"] = entry["shapes"][first]["forward_rps"]

@@ -188,6 +188,15 @@ def test_bench_model_times_every_runtime_on_the_same_inputs() -> None:
     assert out["runtimes"]["eager"]["vs_eager"] == 1.0
     assert out["fastest_runtime"] in out["runtimes"]
     assert set(out["eager_default_allocator"]) == {"6x4", "9x5"}
+    floor = out["gemm_floor"]
+    assert "gemm_floor" not in out["runtimes"] and floor["vs_eager"] > 0
+    assert set(floor["shapes"]) == {"1x6x4", "1x9x5", "3x6x4", "3x9x5"}
+    # 1 request: the split's 1 addmm + 1 mm + 2 bmm, the attention tail's 2 and the head's 3
+    assert floor["shapes"]["1x6x4"]["products"] == 9
+    assert (
+        floor["shapes"]["1x9x5"]["mflop_per_forward"]
+        > floor["shapes"]["1x6x4"]["mflop_per_forward"]
+    )
     assert [r["batch_requests"] for r in out["straightforward"]] == [1, 3]
     for r in out["straightforward"]:
         assert r["max_abs_logit_diff"] < 1e-5 and r["split_ms"] > 0
