@@ -16,6 +16,9 @@ scoring worker (processes):
    descriptors of each worker, Redis ``used_memory`` and the consumer lag of both groups;
 5. afterwards: every request answered, lag back to 0.
 
+``--floor``: the broker's true floor beside the workers for the same minutes
+(:mod:`workbench.bench.soak_floor`), its p50/p99 in each window next to ours.
+
 Goals: p99 of the last window within 20% of the first window after the warm-up (window 0);
 RSS growth under 10% after the warm-up; Redis memory flat (within 10%) once the dedupe TTL
 (``--ttl-s``, shortened for the run) has turned over; replies == requests; lag back to 0.
@@ -49,6 +52,7 @@ from workbench.bench.drive import Run, load_run
 from workbench.bench.loadgen import Driver, make_requests
 from workbench.bench.scoring import publish_synthetic
 from workbench.bench.soak_capacity import Probe, combined_capacity
+from workbench.bench.soak_floor import floor_summary, floor_window, start_floor, start_floor_driver
 from workbench.devstack.processes import ChildProcess, WorkerProcess, start_command, start_worker
 from workbench.devstack.services import free_port
 from workbench.devstack.stack import EmbeddedStack
@@ -92,6 +96,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--backlog-requests", type=int, default=2_000, help="for the scoring max")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also run the broker's true floor (a minimal aiokafka echo) on topics of its own, "
+        "driven at the soak's request rate: its p50/p99 per window beside ours",
+    )
     parser.add_argument(
         "--records",
         type=Path,
@@ -225,6 +235,9 @@ async def _soak(
         for kind in ("features", "scoring"):
             workers[kind] = start_worker(kind, s, log_path=run_dir / f"{kind}.log")
             children.append(workers[kind])
+        if args.floor:
+            floor, floor_child = await start_floor(s, run_dir)
+            children.append(floor_child)
         for worker in workers.values():
             await asyncio.to_thread(worker.wait_ready, 180)
         logger.info("measuring the maxima (backlogs of %d clicks, %d requests)",
@@ -241,14 +254,18 @@ async def _soak(
         )
         seconds = args.minutes * 60
         out = run_dir / "run"
+        shared = ["--users", str(args.users), "--candidates", str(args.candidates),
+                  "--item-file", str(items), "--drain-s", "120"]  # fmt: skip
         driver = start_command(
             ["bench", "drive", "--json", "--records", str(out), "--seconds", str(seconds),
-             "--click-rate", str(click_rate), "--request-rate", str(request_rate),
-             "--users", str(args.users), "--candidates", str(args.candidates),
-             "--item-file", str(items), "--drain-s", "120"],
+             "--click-rate", str(click_rate), "--request-rate", str(request_rate), *shared],
             s, log_path=run_dir / "driver.log", what="load driver",
         )  # fmt: skip
         children.append(driver)
+        if args.floor:
+            floor_driver = start_floor_driver(floor, run_dir, seconds=seconds,
+                                              request_rate=request_rate, driver_args=shared)  # fmt: skip
+            children.append(floor_driver)
         logger.info("soaking %.1f min at %.0f clicks/s and %.0f requests/s",
                     args.minutes, click_rate, request_rate)  # fmt: skip
         samples = []
@@ -268,6 +285,10 @@ async def _soak(
         await asyncio.to_thread(driver.process.wait)
         if driver.process.returncode != 0:
             raise RuntimeError(f"the load driver failed: {driver.log_text()[-2000:]}")
+        if args.floor:
+            await asyncio.to_thread(floor_driver.process.wait)
+            if floor_driver.process.returncode != 0:
+                raise RuntimeError(f"the floor's driver failed: {floor_driver.log_text()[-2000:]}")
         deadline = time.monotonic() + 120
         final_lag = await lags(s)
         while any(final_lag.values()) and time.monotonic() < deadline:
@@ -275,6 +296,7 @@ async def _soak(
             final_lag = await lags(s)
         alive = {kind: w.alive() for kind, w in workers.items()}
         run = load_run(out)
+        floor_run = load_run(run_dir / "floor-run") if args.floor else None
     finally:
         for child in reversed(children):
             child.stop(timeout_s=20)
@@ -282,10 +304,14 @@ async def _soak(
     per_minute = []
     for k, sample in enumerate(samples):
         lo = started_ms + int(k * args.window_s * 1000)
+        hi = lo + int(args.window_s * 1000)
+        floor_figures = floor_window(floor_run, lo, hi) if floor_run is not None else {}
         per_minute.append({"minute": round(k * args.window_s / 60, 2),
-                           **window_of(run, lo, lo + int(args.window_s * 1000)), **sample})  # fmt: skip
+                           **window_of(run, lo, hi), **floor_figures, **sample})  # fmt: skip
     figures = report(args, per_minute, run, final_lag, alive, max_clicks, max_requests,
                      click_rate, request_rate)  # fmt: skip
+    if floor_run is not None:
+        figures["floor"] = floor_summary(per_minute, floor_run)
     return {**figures, "combined_capacity": combined}
 
 
