@@ -3,8 +3,9 @@
 Unlike :mod:`workbench.bench.echo`, which reuses the scoring worker's intake loop (batch
 gathering, pipelining, ordered commits, acks=all), this is what the thinnest client could do
 on the same broker: aiokafka's defaults (offsets auto-committed, acks=1, linger 0) but the
-worker's fetch wait (``STREAMRANK_SCORING_FETCH_WAIT_MS``), each
-fetched request decoded and answered with zero scores, sends not awaited one by one. What the
+worker's fetch wait (``STREAMRANK_SCORING_FETCH_WAIT_MS``, raised as the worker's is when the
+broker starves it: :class:`~streamrank.kafka.fetch_wait.FetchWait`), each fetched request
+decoded and answered with zero scores, sends not awaited one by one. What the
 echo adds to this floor is our intake loop's; what our worker adds to the echo is lookups and
 compute. Run by ``streamrank bench scoring`` as ``python -m workbench.bench.floor``.
 """
@@ -16,6 +17,7 @@ import logging
 
 from schemas import Limits
 from streamrank.kafka import clients as kafka
+from streamrank.kafka.fetch_wait import FetchWait
 from streamrank.settings import Settings
 from workbench.bench.echo import echo_replies
 
@@ -39,9 +41,10 @@ async def serve(settings: Settings) -> None:
     consumer.subscribe([settings.topics.requests])
     await producer.start()
     await consumer.start()
+    fetch = FetchWait(consumer, floor_ms=settings.scoring.fetch_wait_ms)
     try:
         while True:
-            got = await consumer.getmany(timeout_ms=200)
+            got = await fetch.getmany(timeout_ms=200)
             records = [r for part in got.values() for r in part]
             for reply in echo_replies(records, limits):
                 await producer.send(
