@@ -219,6 +219,42 @@ def window_of(run: Run, start_ms: int, end_ms: int) -> dict[str, Any]:
     return out
 
 
+def windows_table(
+    args: argparse.Namespace, started_ms: int, samples: list[dict[str, Any]], run: Run,
+    floor_run: Run | None,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """One row per window: its latencies (and the floor's), then its samples."""
+    rows = []
+    for k, sample in enumerate(samples):
+        lo = started_ms + int(k * args.window_s * 1000)
+        hi = lo + int(args.window_s * 1000)
+        floor_figures = floor_window(floor_run, lo, hi) if floor_run is not None else {}
+        rows.append({"minute": round(k * args.window_s / 60, 2),
+                     **window_of(run, lo, hi), **floor_figures, **sample})  # fmt: skip
+    return rows
+
+
+async def sample_windows(
+    args: argparse.Namespace, s: Settings, seconds: float, driver: ChildProcess,
+    workers: dict[str, WorkerProcess], redis: Any,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """At the end of each window of the run: each worker's RSS and descriptors, Redis memory,
+    both groups' lag."""
+    samples = []
+    t0 = time.monotonic()
+    for k in range(max(1, round(seconds / args.window_s))):
+        await asyncio.sleep(max(0.0, t0 + (k + 1) * args.window_s - time.monotonic()))
+        if not driver.alive() and driver.process.returncode != 0:
+            raise RuntimeError(f"the load driver failed: {driver.log_text()[-2000:]}")
+        samples.append({
+            "rss_mb": {kind: rss_mb(w.pid) for kind, w in workers.items()},
+            "open_fds": {kind: open_fds(w.pid) for kind, w in workers.items()},
+            "redis_used_memory_mb": await redis_memory_mb(redis),
+            "lag": await lags(s),
+        })  # fmt: skip
+    return samples
+
+
 async def _soak(
     args: argparse.Namespace, base: Settings, stack: EmbeddedStack, run_dir: Path
 ) -> dict[str, Any]:
@@ -268,20 +304,8 @@ async def _soak(
             children.append(floor_driver)
         logger.info("soaking %.1f min at %.0f clicks/s and %.0f requests/s",
                     args.minutes, click_rate, request_rate)  # fmt: skip
-        samples = []
         started_ms = clock.now_ms()
-        t0 = time.monotonic()
-        n_windows = max(1, round(seconds / args.window_s))
-        for k in range(n_windows):
-            await asyncio.sleep(max(0.0, t0 + (k + 1) * args.window_s - time.monotonic()))
-            if not driver.alive() and driver.process.returncode != 0:
-                raise RuntimeError(f"the load driver failed: {driver.log_text()[-2000:]}")
-            samples.append({
-                "rss_mb": {k2: rss_mb(w.pid) for k2, w in workers.items()},
-                "open_fds": {k2: open_fds(w.pid) for k2, w in workers.items()},
-                "redis_used_memory_mb": await redis_memory_mb(redis),
-                "lag": await lags(s),
-            })  # fmt: skip
+        samples = await sample_windows(args, s, seconds, driver, workers, redis)
         await asyncio.to_thread(driver.process.wait)
         if driver.process.returncode != 0:
             raise RuntimeError(f"the load driver failed: {driver.log_text()[-2000:]}")
@@ -301,13 +325,7 @@ async def _soak(
         for child in reversed(children):
             child.stop(timeout_s=20)
         await redis.aclose()
-    per_minute = []
-    for k, sample in enumerate(samples):
-        lo = started_ms + int(k * args.window_s * 1000)
-        hi = lo + int(args.window_s * 1000)
-        floor_figures = floor_window(floor_run, lo, hi) if floor_run is not None else {}
-        per_minute.append({"minute": round(k * args.window_s / 60, 2),
-                           **window_of(run, lo, hi), **floor_figures, **sample})  # fmt: skip
+    per_minute = windows_table(args, started_ms, samples, run, floor_run)
     figures = report(args, per_minute, run, final_lag, alive, max_clicks, max_requests,
                      click_rate, request_rate)  # fmt: skip
     if floor_run is not None:
