@@ -131,6 +131,7 @@ def draw_scoring_latency(series: ScoringSeries, path: Path) -> None:
               "previous scorer": "tab:purple", "naive": "tab:orange"}  # fmt: skip
     drawn = bars.bar(names, values, color=[colors.get(n, "tab:green") for n in names])
     bars.bar_label(drawn, labels=[f"{v:,.0f}" for v in values], fontsize=8)
+    bars.tick_params(axis="x", labelrotation=30, labelsize=8)  # long names would overlap
     bars.set_ylabel("max req/s (one worker)")
     bars.yaxis.set_major_formatter("{x:,.0f}")
     bars.grid(True, axis="y", alpha=0.3)
