@@ -337,9 +337,15 @@ class Run:
                          and got[r["request_id"]]["latency_ms"] is not None],
                         dtype=np.float64)  # fmt: skip
 
+    def percentiles_ms(self, since_ms: int = 0, until_ms: int | None = None) -> dict[str, float]:
+        """``p50_ms`` and ``p99_ms`` of :meth:`latencies_ms` (empty when none came back)."""
+        lat = self.latencies_ms(since_ms, until_ms)
+        if not lat.size:
+            return {}
+        return {f"p{q}_ms": round(float(np.percentile(lat, q)), 2) for q in (50, 99)}
+
     def summary(self) -> dict[str, Any]:
-        lat = self.latencies_ms()
-        out: dict[str, Any] = {
+        return {
             "clicks": len(self.clicks),
             "requests": len(self.requests),
             "replies": len(self.replies),
@@ -347,11 +353,8 @@ class Run:
             "duplicate_replies": self.duplicates(),
             "degraded": len(self.degraded()),
             "reasons": self.reasons(),
+            **self.percentiles_ms(),
         }
-        if lat.size:
-            out["p50_ms"] = round(float(np.percentile(lat, 50)), 2)
-            out["p99_ms"] = round(float(np.percentile(lat, 99)), 2)
-        return out
 
 
 def _read_jsonl(path: Path) -> Iterator[dict[str, Any]]:

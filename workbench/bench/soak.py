@@ -209,13 +209,10 @@ def soak_settings(
 def window_of(run: Run, start_ms: int, end_ms: int) -> dict[str, Any]:
     got = run.first_replies()
     sent = [r for r in run.requests if start_ms <= r["sent_ms"] < end_ms]
-    lat = run.latencies_ms(start_ms, end_ms)
     degraded = sum(1 for r in sent if r["request_id"] in got and got[r["request_id"]]["degraded"])
     out: dict[str, Any] = {"requests": len(sent), "degraded": degraded,
-                           "clicks": sum(1 for c in run.clicks if start_ms <= c["ts"] < end_ms)}  # fmt: skip
-    if lat.size:
-        out["p50_ms"] = round(float(np.percentile(lat, 50)), 2)
-        out["p99_ms"] = round(float(np.percentile(lat, 99)), 2)
+                           "clicks": sum(1 for c in run.clicks if start_ms <= c["ts"] < end_ms),
+                           **run.percentiles_ms(start_ms, end_ms)}  # fmt: skip
     return out
 
 
@@ -232,6 +229,13 @@ def windows_table(
         rows.append({"minute": round(k * args.window_s / 60, 2),
                      **window_of(run, lo, hi), **floor_figures, **sample})  # fmt: skip
     return rows
+
+
+async def wait_for_driver(driver: ChildProcess, what: str) -> None:
+    """Until a load driver exits; its log's end in the error when it failed."""
+    await asyncio.to_thread(driver.process.wait)
+    if driver.process.returncode != 0:
+        raise RuntimeError(f"{what} failed: {driver.log_text()[-2000:]}")
 
 
 async def sample_windows(
@@ -306,13 +310,9 @@ async def _soak(
                     args.minutes, click_rate, request_rate)  # fmt: skip
         started_ms = clock.now_ms()
         samples = await sample_windows(args, s, seconds, driver, workers, redis)
-        await asyncio.to_thread(driver.process.wait)
-        if driver.process.returncode != 0:
-            raise RuntimeError(f"the load driver failed: {driver.log_text()[-2000:]}")
+        await wait_for_driver(driver, "the load driver")
         if args.floor:
-            await asyncio.to_thread(floor_driver.process.wait)
-            if floor_driver.process.returncode != 0:
-                raise RuntimeError(f"the floor's driver failed: {floor_driver.log_text()[-2000:]}")
+            await wait_for_driver(floor_driver, "the floor's load driver")
         deadline = time.monotonic() + 120
         final_lag = await lags(s)
         while any(final_lag.values()) and time.monotonic() < deadline:

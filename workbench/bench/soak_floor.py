@@ -8,27 +8,21 @@ ours: what the broker and the host alone take over the run, measured at the same
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from streamrank.kafka.topics import create_topics
 from streamrank.settings import Settings
 from workbench.bench.drive import Run
+from workbench.bench.scoring_phases import FLOOR_CLI, phase_settings
 from workbench.devstack.processes import ChildProcess, start_child, start_command, worker_env
-
-FLOOR_CLI = [sys.executable, "-m", "workbench.bench.floor"]
 
 
 def floor_settings(settings: Settings) -> Settings:
-    """The soak's settings with the floor's own request and reply topics and group."""
-    return settings.with_env(
-        STREAMRANK_TOPIC_REQUESTS=f"{settings.topics.requests}-floor",
-        STREAMRANK_TOPIC_RESULTS=f"{settings.topics.results}-floor",
-        STREAMRANK_SCORING_GROUP_ID=f"{settings.scoring.group_id}-floor",
-    )
+    """The soak's settings with the floor's own request and reply topics (a phase of its own)
+    and group: it runs beside the soak's scoring worker, not after it."""
+    floor = phase_settings(settings, "floor")
+    return floor.with_env(STREAMRANK_SCORING_GROUP_ID=f"{settings.scoring.group_id}-floor")
 
 
 async def start_floor(settings: Settings, run_dir: Path) -> tuple[Settings, ChildProcess]:
@@ -55,13 +49,7 @@ def start_floor_driver(
 
 def floor_window(run: Run, start_ms: int, end_ms: int) -> dict[str, Any]:
     """The floor's p50/p99 for the requests sent in one window (nothing when none came back)."""
-    lat = run.latencies_ms(start_ms, end_ms)
-    if not lat.size:
-        return {}
-    return {
-        "floor_p50_ms": round(float(np.percentile(lat, 50)), 2),
-        "floor_p99_ms": round(float(np.percentile(lat, 99)), 2),
-    }
+    return {f"floor_{name}": value for name, value in run.percentiles_ms(start_ms, end_ms).items()}
 
 
 def floor_summary(per_minute: list[dict[str, Any]], run: Run) -> dict[str, Any]:
