@@ -268,7 +268,8 @@ async def measure_latency(
     finally:
         watch.done.set()
         poll_task.cancel()
-        with contextlib.suppress(BaseException):
+        # Not BaseException: a SIGTERM arrives as KeyboardInterrupt and must end the run.
+        with contextlib.suppress(Exception, asyncio.CancelledError):
             await poll_task
         await producer.stop()
         await client.aclose()
