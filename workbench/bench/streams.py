@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import tempfile
@@ -36,6 +35,7 @@ from tqdm import tqdm
 from schemas import Limits, decode_click
 from streamrank import clock, keys
 from streamrank.redis.client import redis_client, used_memory
+from streamrank.runtime.tasks import cancel_and_wait
 from streamrank.settings import Settings
 from workbench.bench import compare
 from workbench.bench.cpu import redis_usage, redis_usage_per_event
@@ -267,10 +267,7 @@ async def measure_latency(
         await asyncio.wait_for(poll_task, 60)
     finally:
         watch.done.set()
-        poll_task.cancel()
-        # Not BaseException: a SIGTERM arrives as KeyboardInterrupt and must end the run.
-        with contextlib.suppress(Exception, asyncio.CancelledError):
-            await poll_task
+        await cancel_and_wait([poll_task], what="latency probes")
         await producer.stop()
         await client.aclose()
     arr = np.array(watch.latencies)
